@@ -1,0 +1,47 @@
+"""mpisphere: fields on the sphere spread over a 2-D grid of MPI ranks.
+
+Communication operators with exact adjoints (transposes, gathers,
+reductions, halo exchanges) on NumPy or CuPy buffers, and a distributed
+spherical harmonic transform built from them. See README.md for a tour.
+"""
+
+from .settings import config
+from .partition import split_sizes, split_offsets, split_along, flatten_leading, unflatten_leading
+from .grid import ProcessGrid
+from .operators import LinearOperator, Layout, dottest, inner, DISTRIBUTED, REPLICATED
+from .primitives import (
+    Transpose,
+    CopyTo,
+    ReduceFrom,
+    ScatterTo,
+    GatherFrom,
+    ReduceScatter,
+    GatherFromCopyTo,
+)
+from .backend import select_device
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "config",
+    "split_sizes",
+    "split_offsets",
+    "split_along",
+    "flatten_leading",
+    "unflatten_leading",
+    "ProcessGrid",
+    "LinearOperator",
+    "Layout",
+    "dottest",
+    "inner",
+    "DISTRIBUTED",
+    "REPLICATED",
+    "Transpose",
+    "CopyTo",
+    "ReduceFrom",
+    "ScatterTo",
+    "GatherFrom",
+    "ReduceScatter",
+    "GatherFromCopyTo",
+    "select_device",
+]

@@ -1,0 +1,286 @@
+"""Which array library a buffer belongs to, and how it is handed to MPI.
+
+mpisphere works on NumPy arrays (host memory) and CuPy arrays (device
+memory) through the same code. This module answers the questions that
+differ between the two:
+
+* which module allocates outputs and scratch (:func:`array_module`);
+* on which device (:func:`device_of`);
+* how device work is ordered against MPI (the stream rule below);
+* how host staging buffers are kept and reused (:class:`Workspace`);
+* which GPU a rank uses (:func:`select_device`).
+
+CuPy is never imported here unless the caller already holds a CuPy array or
+asks for a device explicitly.
+
+Stream rule
+-----------
+MPI knows nothing of CUDA streams: it reads a device buffer the moment it is
+called and has written its receive buffers when it returns. So
+
+1. before a device buffer is handed to MPI, the kernels that produced it
+   must have finished: :func:`synchronize` waits for the *current* CuPy
+   stream of the buffer's device (not the whole device). Work that produced
+   the buffer on another stream is the caller's to order (as with any CuPy
+   code that mixes streams);
+2. after MPI returns, its receive buffers hold the data, and kernels queued
+   afterwards on any stream see it: nothing more to do;
+3. with host staging, device-to-host copies run on the current stream and
+   are waited for before MPI reads the host buffer; host-to-device copies are
+   queued on the current stream, so later kernels on it see the data, and a
+   CUDA event recorded after them guards the pinned buffer against being
+   overwritten before the copy has read it (:meth:`Workspace.host`).
+"""
+
+import contextlib
+import os
+import sys
+
+import numpy
+
+__all__ = [
+    "array_module",
+    "is_device_array",
+    "device_of",
+    "synchronize",
+    "Workspace",
+    "select_device",
+    "import_cupy",
+]
+
+
+def _is_cupy_array(a):
+    return type(a).__module__.split(".", 1)[0] == "cupy"
+
+
+def is_device_array(a):
+    """True for a CuPy array (device memory), False for anything else."""
+    return _is_cupy_array(a)
+
+
+def import_cupy():
+    """Import CuPy, or raise an ImportError that says how to install it."""
+    try:
+        import cupy
+    except ImportError as exc:
+        raise ImportError(
+            "mpisphere: CuPy is not installed; install it with the extra that matches "
+            "your CUDA toolkit, e.g. pip install 'mpisphere[cuda12]'") from exc
+    return cupy
+
+
+def array_module(*arrays):
+    """The array module (``numpy`` or ``cupy``) that all ``arrays`` belong to.
+
+    ``None`` entries are ignored; anything that is not a CuPy array counts as
+    NumPy (it is converted with ``numpy.asarray`` where an array is needed).
+
+    Raises
+    ------
+    TypeError
+        If NumPy and CuPy arrays are mixed in one call; the message names the
+        position and type of one of each.
+    """
+    host = device = None
+    for index, a in enumerate(arrays):
+        if a is None:
+            continue
+        if _is_cupy_array(a):
+            device = device or (index, a)
+        else:
+            host = host or (index, a)
+    if host is not None and device is not None:
+        raise TypeError(
+            f"mpisphere: cannot mix host and device arrays in one call: argument {host[0]} is "
+            f"{type(host[1]).__module__}.{type(host[1]).__name__}, argument {device[0]} is "
+            f"cupy.{type(device[1]).__name__}; move one of them (cupy.asarray / cupy.asnumpy)")
+    if device is not None:
+        return sys.modules["cupy"]
+    return numpy
+
+
+def device_of(a):
+    """Context manager that makes ``a``'s device current (a no-op for host arrays)."""
+    if _is_cupy_array(a):
+        return a.device
+    return contextlib.nullcontext()
+
+
+def synchronize(a):
+    """Wait until the current stream of ``a``'s device has produced ``a``.
+
+    A no-op for host arrays. See the stream rule in the module docstring.
+    """
+    if _is_cupy_array(a):
+        cupy = sys.modules["cupy"]
+        with a.device:
+            cupy.cuda.get_current_stream().synchronize()
+
+
+class Workspace:
+    """Scratch buffers owned by one operator and reused across its calls.
+
+    A buffer is identified by a name (``"send"``, ``"recv"``, ...). It is
+    allocated the first time it is asked for and grows when a larger one is
+    needed, so memory is bounded by the largest shape an operator has seen,
+    never by the number of calls. Outputs handed to the caller are never taken
+    from here.
+
+    A workspace belongs to one operator and is not meant to be shared between
+    threads.
+    """
+
+    __slots__ = ("_buffers", "_events")
+
+    def __init__(self):
+        self._buffers = {}
+        self._events = {}
+
+    def _lookup(self, key, xp, count, dtype, allocate):
+        buf = self._buffers.get(key)
+        if buf is None or buf.dtype != dtype or buf.size < count:
+            buf = None
+            self._buffers.pop(key, None)  # release the old one before allocating
+            buf = allocate(max(count, 1), dtype)
+            self._buffers[key] = buf
+        return buf[:count]
+
+    def scratch(self, name, like, count, dtype=None):
+        """A 1-D scratch array of ``count`` elements in ``like``'s module and device."""
+        dtype = numpy.dtype(like.dtype if dtype is None else dtype)
+        if _is_cupy_array(like):
+            cupy = sys.modules["cupy"]
+            key = (name, "device", like.device.id)
+            with like.device:
+                return self._lookup(key, cupy, count, dtype, lambda n, dt: cupy.empty(n, dt))
+        key = (name, "host")
+        return self._lookup(key, numpy, count, dtype, lambda n, dt: numpy.empty(n, dt))
+
+    def host(self, name, count, dtype, pinned):
+        """A 1-D host array for staging, page-locked (pinned) when ``pinned``.
+
+        If a host-to-device copy from this buffer is still queued (see
+        :meth:`guard`), waits for it first so the buffer can be overwritten.
+        """
+        dtype = numpy.dtype(dtype)
+        key = (name, "pinned" if pinned else "pageable")
+        event = self._events.pop(key, None)
+        if event is not None:
+            event.synchronize()
+        if pinned:
+            cupyx = _import_cupyx()
+            return self._lookup(key, numpy, count, dtype, lambda n, dt: cupyx.empty_pinned(n, dt))
+        return self._lookup(key, numpy, count, dtype, lambda n, dt: numpy.empty(n, dt))
+
+    def guard(self, name, pinned, device_array):
+        """Record that a copy from host buffer ``name`` to ``device_array`` is queued."""
+        if pinned and _is_cupy_array(device_array):
+            cupy = sys.modules["cupy"]
+            with device_array.device:
+                event = cupy.cuda.Event(block=False, disable_timing=True)
+                event.record()
+            self._events[(name, "pinned")] = event
+
+    def nbytes(self):
+        """Total bytes held, for tests and memory reports."""
+        return sum(int(b.nbytes) for b in self._buffers.values())
+
+    def clear(self):
+        """Drop every buffer (they are allocated again on the next call)."""
+        for event in self._events.values():
+            event.synchronize()
+        self._events.clear()
+        self._buffers.clear()
+
+
+def _import_cupyx():
+    import_cupy()
+    import cupyx
+    return cupyx
+
+
+def copy_to_host(src, dst):
+    """Copy array ``src`` (host or device) into the 1-D host array ``dst``, and wait.
+
+    ``dst`` must have ``src.size`` elements of ``src.dtype``.
+    """
+    if _is_cupy_array(src):
+        with src.device:
+            src.reshape(-1).get(out=dst, blocking=True)
+    else:
+        numpy.copyto(dst, numpy.asarray(src).reshape(-1))
+
+
+def copy_from_host(src, dst):
+    """Copy the 1-D host array ``src`` into ``dst`` (host or device, C-contiguous).
+
+    For a device ``dst`` the copy is queued on the current stream and the
+    call returns at once (see the stream rule).
+    """
+    if _is_cupy_array(dst):
+        with dst.device:
+            dst.reshape(-1).set(src)
+    else:
+        numpy.copyto(dst.reshape(-1), src)
+
+
+def visible_device_count():
+    """Number of CUDA devices this process can see (0 without CuPy or a driver)."""
+    try:
+        cupy = import_cupy()
+        return int(cupy.cuda.runtime.getDeviceCount())
+    except Exception:  # ImportError, CUDARuntimeError (no driver), ...
+        return 0
+
+
+def node_local_rank(comm):
+    """Rank of this process among the processes of ``comm`` on the same node.
+
+    Collective over ``comm`` (``Split_type(COMM_TYPE_SHARED)``).
+    """
+    from mpi4py import MPI
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    try:
+        return local.Get_rank(), local.Get_size()
+    finally:
+        local.Free()
+
+
+def select_device(comm=None):
+    """Choose and activate this rank's GPU: node-local rank modulo visible devices.
+
+    Call it once, right after MPI starts and before any other CUDA work. It
+    honours ``CUDA_VISIBLE_DEVICES`` (the ids are those CuPy sees), and
+    several ranks sharing one GPU is fine (they get the same id).
+
+    Parameters
+    ----------
+    comm : mpi4py.MPI.Intracomm, optional
+        Communicator whose ranks share out the devices; default
+        ``MPI.COMM_WORLD``. Collective over it.
+
+    Returns
+    -------
+    int
+        The device id now current for CuPy.
+
+    Raises
+    ------
+    RuntimeError
+        If no CUDA device is visible (raised after the collective part, on
+        every rank that sees none).
+    """
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD if comm is None else comm
+    local_rank, _ = node_local_rank(comm)
+    count = visible_device_count()
+    if count == 0:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        raise RuntimeError(
+            "mpisphere.select_device: no CUDA device visible to this process"
+            + (f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else "")
+            + "; is CuPy installed with a matching driver?")
+    device_id = local_rank % count
+    cupy = import_cupy()
+    cupy.cuda.Device(device_id).use()
+    return device_id

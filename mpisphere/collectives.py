@@ -1,0 +1,453 @@
+"""Typed wrappers that run one MPI call on arrays.
+
+This is the only module of mpisphere that calls mpi4py's communication
+methods. Every wrapper takes the communicator explicitly, takes flat
+C-contiguous arrays (NumPy, CuPy, or any object exposing ``__dlpack__`` or
+``__cuda_array_interface__`` together with an explicit ``dtype``), counts and
+displacements in elements, and
+
+* maps the dtype to an MPI datatype (float16 moves as 16-bit words and is
+  never reduced: reductions promote it to float32 first, in the operators);
+* for device buffers, synchronises the current stream before MPI reads them
+  (:func:`mpisphere.backend.synchronize`);
+* when the MPI library is not CUDA-aware (or ``config.force_staging`` is set),
+  stages the buffers through host buffers kept in the caller's
+  :class:`~mpisphere.backend.Workspace`, so nothing is allocated per call.
+
+Metadata helpers (:func:`allgather_object`, :func:`agree`) carry the cross-
+rank checks of debug mode.
+"""
+
+import numpy
+from mpi4py import MPI
+
+from . import backend
+from .cuda_aware import local_verdict
+from .settings import config
+
+__all__ = [
+    "mpi_type",
+    "cuda_aware",
+    "staging_active",
+    "describe_path",
+    "allgather_object",
+    "bcast_object",
+    "agree",
+    "allreduce_scalar",
+    "barrier",
+    "alltoallv",
+    "alltoallw",
+    "allgatherv",
+    "reduce_scatter",
+    "allreduce",
+    "sendrecv",
+    "scatterv",
+    "gatherv",
+    "subarray_type",
+    "DatatypeCache",
+]
+
+
+def mpi_type(dtype):
+    """MPI datatype that moves elements of ``dtype`` (sizes in elements of it).
+
+    Raises
+    ------
+    TypeError
+        For a dtype mpisphere does not move (it handles float16, float32,
+        float64, complex64, complex128 and the integer types).
+    """
+    dtype = numpy.dtype(dtype)
+    if dtype == numpy.float64:
+        return MPI.DOUBLE
+    if dtype == numpy.float32:
+        return MPI.FLOAT
+    if dtype == numpy.complex128:
+        return MPI.C_DOUBLE_COMPLEX
+    if dtype == numpy.complex64:
+        return MPI.C_FLOAT_COMPLEX
+    if dtype == numpy.float16:
+        return MPI.UINT16_T  # moved as 16-bit words; never reduced
+    if dtype.kind in "iub" and dtype.itemsize in (1, 2, 4, 8):
+        signed = dtype.kind == "i"
+        return {
+            1: MPI.INT8_T if signed else MPI.UINT8_T,
+            2: MPI.INT16_T if signed else MPI.UINT16_T,
+            4: MPI.INT32_T if signed else MPI.UINT32_T,
+            8: MPI.INT64_T if signed else MPI.UINT64_T,
+        }[dtype.itemsize]
+    raise TypeError(f"mpisphere: unsupported dtype {dtype} (supported: float16, float32, float64, "
+                    f"complex64, complex128)")
+
+
+def _reduction_type(dtype):
+    dtype = numpy.dtype(dtype)
+    if dtype == numpy.float16:
+        raise TypeError("mpisphere: float16 is reduced in float32; convert before the reduction")
+    return mpi_type(dtype)
+
+
+# --- CUDA-aware decision ---------------------------------------------------
+
+def cuda_aware(comm):
+    """Agreed answer: may device buffers go to MPI directly?
+
+    Decided once per process and cached in ``mpisphere.config``: the local
+    verdict of :func:`mpisphere.cuda_aware.local_verdict` on every rank of
+    ``comm``, reduced with logical AND, so all ranks take the same path. The
+    first call is collective over ``comm``; :class:`~mpisphere.ProcessGrid`
+    makes it at construction, so later calls are local.
+
+    Returns
+    -------
+    (bool, str)
+        The decision and its source.
+    """
+    decided = config._cuda_aware_decision
+    if decided is not None:
+        return decided
+    value, source = local_verdict(config.cuda_aware)
+    if config.cuda_aware is None and comm.Get_size() > 1:
+        agreed = comm.allreduce(bool(value), op=MPI.LAND)
+        if agreed != value:
+            source = f"another rank found no CUDA support (this rank: {source})"
+        value = agreed
+    config._cuda_aware_decision = (bool(value), source)
+    return config._cuda_aware_decision
+
+
+def staging_active(buf, comm):
+    """True when ``buf`` goes to MPI through host staging buffers.
+
+    CuPy arrays are staged when the MPI library is not CUDA-aware; with
+    ``config.force_staging`` NumPy arrays are staged too (a testing aid).
+    Other objects (anything exposing ``__dlpack__`` or
+    ``__cuda_array_interface__``) are always handed to MPI as they are.
+    """
+    if backend.is_device_array(buf):
+        return config.force_staging or not cuda_aware(comm)[0]
+    return config.force_staging and isinstance(buf, numpy.ndarray)
+
+
+def describe_path(comm):
+    """One line naming the path device buffers take on ``comm``, and why."""
+    aware, source = cuda_aware(comm)
+    path = "device buffers straight to MPI (CUDA-aware)" if aware else "device buffers staged through pinned host memory"
+    if config.force_staging:
+        path += "; force_staging on: every buffer staged"
+    return f"{path} [{source}]"
+
+
+# --- metadata ---------------------------------------------------------------
+
+def allgather_object(comm, obj):
+    """Every rank's ``obj`` (picklable), in rank order."""
+    return comm.allgather(obj)
+
+
+def bcast_object(comm, obj, root=0):
+    """``obj`` from ``root`` on every rank."""
+    return comm.bcast(obj, root=root)
+
+
+def allreduce_scalar(comm, value, op=MPI.SUM):
+    """Reduce a Python number over ``comm`` (used by inner products)."""
+    return comm.allreduce(value, op=op)
+
+
+def barrier(comm):
+    comm.Barrier()
+
+
+def agree(comm, who, local_error, meta):
+    """Collective check that no rank has an error and all ranks' ``meta`` match.
+
+    Parameters
+    ----------
+    comm : mpi4py.MPI.Comm
+    who : str
+        Operator and direction for the message, e.g. ``"Transpose.forward"``.
+    local_error : str or None
+        This rank's own finding (already formatted), or ``None``.
+    meta : tuple
+        Picklable description that must be equal on every rank (the shape
+        with the split axis masked, the dtype, ...).
+
+    Raises
+    ------
+    ValueError
+        The same message on every rank, listing each rank's error and the
+        ranks whose metadata differ from rank 0's.
+    """
+    everyone = comm.allgather((local_error, meta))
+    problems = [f"rank {r}: {err}" for r, (err, _) in enumerate(everyone) if err]
+    reference = everyone[0][1]
+    odd = [r for r, (_, m) in enumerate(everyone) if m != reference]
+    if odd:
+        problems.append("inputs disagree across ranks: rank 0 has " + _format_meta(reference) + "; "
+                        + "; ".join(f"rank {r} has {_format_meta(everyone[r][1])}" for r in odd))
+    if problems:
+        raise ValueError(f"{who} (debug check over {comm.Get_size()} ranks): " + " | ".join(problems))
+
+
+def _format_meta(meta):
+    return ", ".join(str(m) for m in meta) if isinstance(meta, tuple) else str(meta)
+
+
+# --- buffers ----------------------------------------------------------------
+
+def _count_of(buf, count):
+    if count is not None:
+        return int(count)
+    size = getattr(buf, "size", None)
+    if size is not None:
+        return int(size)
+    cai = getattr(buf, "__cuda_array_interface__", None)
+    if cai is not None:
+        n = 1
+        for extent in cai["shape"]:
+            n *= int(extent)
+        return n
+    raise TypeError(f"mpisphere: cannot tell the element count of {type(buf).__name__}; pass count=")
+
+
+def _dtype_of(buf, dtype):
+    if dtype is not None:
+        return numpy.dtype(dtype)
+    if hasattr(buf, "dtype"):
+        return numpy.dtype(buf.dtype)
+    cai = getattr(buf, "__cuda_array_interface__", None)
+    if cai is not None:
+        return numpy.dtype(cai["typestr"])
+    raise TypeError(f"mpisphere: cannot tell the dtype of {type(buf).__name__}; pass dtype=")
+
+
+def _prepare(buf):
+    """Make ``buf`` safe for MPI to touch now (stream rule of :mod:`mpisphere.backend`)."""
+    if backend.is_device_array(buf):
+        backend.synchronize(buf)
+        return
+    cai = getattr(buf, "__cuda_array_interface__", None)
+    stream = cai.get("stream") if cai is not None else None
+    if stream is not None:  # CAI v3: the consumer synchronises on the producer's stream
+        cupy = backend.import_cupy()
+        cupy.cuda.ExternalStream(int(stream)).synchronize()
+
+
+class _Staged:
+    """The buffers one MPI call sees: host stand-ins when staging is active.
+
+    ``send`` buffers are copied to host on the way in; ``recv`` buffers are
+    copied back to their arrays by :meth:`finish`. Host buffers come from the
+    caller's workspace, so a call allocates nothing after the first.
+    """
+
+    __slots__ = ("comm", "workspace", "_back")
+
+    def __init__(self, comm, workspace):
+        self.comm = comm
+        self.workspace = workspace if workspace is not None else backend.Workspace()
+        self._back = []
+
+    def send(self, name, buf, dtype, count):
+        if buf is None:
+            return None
+        if not staging_active(buf, self.comm):
+            _prepare(buf)
+            return buf
+        pinned = backend.is_device_array(buf)
+        host = self.workspace.host(name, count, dtype, pinned)
+        backend.copy_to_host(buf, host)
+        return host
+
+    def recv(self, name, buf, dtype, count):
+        if buf is None:
+            return None
+        if not staging_active(buf, self.comm):
+            _prepare(buf)  # pending kernels on this memory must finish before MPI writes it
+            return buf
+        pinned = backend.is_device_array(buf)
+        host = self.workspace.host(name, count, dtype, pinned)
+        self._back.append((name, host, buf, pinned))
+        return host
+
+    def finish(self):
+        for name, host, buf, pinned in self._back:
+            backend.copy_from_host(host, buf)
+            self.workspace.guard(name, pinned, buf)
+        self._back.clear()
+
+
+# --- collectives ------------------------------------------------------------
+
+def alltoallv(comm, send, send_counts, send_displs, recv, recv_counts, recv_displs, *, workspace=None):
+    """``MPI_Alltoallv`` between flat arrays; counts and displacements in elements."""
+    dtype = _dtype_of(send, None)
+    datatype = mpi_type(dtype)
+    staged = _Staged(comm, workspace)
+    s = staged.send("a2a-send", send, dtype, _count_of(send, None))
+    r = staged.recv("a2a-recv", recv, dtype, _count_of(recv, None))
+    comm.Alltoallv([s, (send_counts, send_displs), datatype], [r, (recv_counts, recv_displs), datatype])
+    staged.finish()
+
+
+def alltoallw(comm, send, send_types, recv, recv_types):
+    """``MPI_Alltoallw`` with one derived datatype per peer (count 1, displacement 0).
+
+    Derived datatypes describe the strided blocks, so MPI packs and unpacks
+    without extra copies; host buffers only.
+    """
+    n = comm.Get_size()
+    ones = [1] * n
+    zeros = [0] * n
+    comm.Alltoallw([send, (ones, zeros), send_types], [recv, (ones, zeros), recv_types])
+
+
+def allgatherv(comm, send, recv, counts, displs, *, workspace=None):
+    """``MPI_Allgatherv``: flat ``send`` (this rank's block) into flat ``recv`` at ``displs``."""
+    dtype = _dtype_of(send, None)
+    datatype = mpi_type(dtype)
+    staged = _Staged(comm, workspace)
+    count = _count_of(send, None)
+    s = staged.send("gather-send", send, dtype, count)
+    r = staged.recv("gather-recv", recv, dtype, _count_of(recv, None))
+    comm.Allgatherv([s, count, datatype], [r, (counts, displs), datatype])
+    staged.finish()
+
+
+def reduce_scatter(comm, send, recv, counts, op=MPI.SUM, *, workspace=None):
+    """``MPI_Reduce_scatter`` with uneven ``counts`` (elements per rank, in rank order)."""
+    dtype = _dtype_of(send, None)
+    datatype = _reduction_type(dtype)
+    staged = _Staged(comm, workspace)
+    s = staged.send("rs-send", send, dtype, _count_of(send, None))
+    r = staged.recv("rs-recv", recv, dtype, _count_of(recv, None))
+    comm.Reduce_scatter([s, _count_of(send, None), datatype], [r, _count_of(recv, None), datatype],
+                        list(counts), op)
+    staged.finish()
+
+
+def allreduce(comm, send, recv, op=MPI.SUM, *, dtype=None, count=None, workspace=None):
+    """``MPI_Allreduce`` from ``send`` into ``recv`` (``send`` is never written).
+
+    ``send`` and ``recv`` may be any buffers MPI accepts (NumPy, CuPy, objects
+    with ``__dlpack__`` or ``__cuda_array_interface__``); ``dtype`` and
+    ``count`` are needed only when they cannot be read off the objects.
+    """
+    dtype = _dtype_of(send, dtype)
+    count = _count_of(send, count)
+    datatype = _reduction_type(dtype)
+    staged = _Staged(comm, workspace)
+    s = staged.send("ar-send", send, dtype, count)
+    r = staged.recv("ar-recv", recv, dtype, count)
+    comm.Allreduce([s, count, datatype], [r, count, datatype], op)
+    staged.finish()
+
+
+def sendrecv(comm, send, dest, recv, source, *, sendtag=0, recvtag=0, send_type=None, recv_type=None,
+             workspace=None):
+    """``MPI_Sendrecv``; ``dest``/``source`` may be ``MPI.PROC_NULL``.
+
+    With ``send_type``/``recv_type`` (committed derived datatypes) the whole
+    array is the base buffer and one element of the type is moved, so strided
+    halo blocks travel without packing (host buffers only). Without them the
+    flat arrays move as they are.
+    """
+    if send_type is not None or recv_type is not None:
+        _prepare(send)
+        _prepare(recv)
+        comm.Sendrecv([send, 1, send_type], dest, sendtag, [recv, 1, recv_type], source, recvtag)
+        return
+    dtype = _dtype_of(send, None)
+    datatype = mpi_type(dtype)
+    staged = _Staged(comm, workspace)
+    s = staged.send("sr-send", send, dtype, _count_of(send, None))
+    r = staged.recv("sr-recv", recv, dtype, _count_of(recv, None))
+    comm.Sendrecv([s, _count_of(send, None), datatype], dest, sendtag,
+                  [r, _count_of(recv, None), datatype], source, recvtag)
+    staged.finish()
+
+
+def scatterv(comm, send, counts, displs, recv, root=0):
+    """``MPI_Scatterv`` from ``root``'s flat ``send`` (ignored elsewhere) into flat ``recv``."""
+    dtype = _dtype_of(recv, None)
+    datatype = mpi_type(dtype)
+    staged = _Staged(comm, None)
+    is_root = comm.Get_rank() == root
+    r = staged.recv("scatter-recv", recv, dtype, _count_of(recv, None))
+    spec = None
+    if is_root:
+        spec = [staged.send("scatter-send", send, dtype, _count_of(send, None)), (counts, displs), datatype]
+    comm.Scatterv(spec, [r, _count_of(recv, None), datatype], root=root)
+    staged.finish()
+
+
+def gatherv(comm, send, recv, counts, displs, root=0):
+    """``MPI_Gatherv`` of flat ``send`` into ``root``'s flat ``recv`` (ignored elsewhere)."""
+    dtype = _dtype_of(send, None)
+    datatype = mpi_type(dtype)
+    staged = _Staged(comm, None)
+    s = staged.send("gather-send", send, dtype, _count_of(send, None))
+    spec = None
+    if comm.Get_rank() == root:
+        spec = [staged.recv("gather-recv", recv, dtype, _count_of(recv, None)), (counts, displs), datatype]
+    comm.Gatherv([s, _count_of(send, None), datatype], spec, root=root)
+    staged.finish()
+
+
+# --- derived datatypes --------------------------------------------------------
+
+def subarray_type(shape, subshape, starts, dtype):
+    """A committed MPI datatype for the C-order block ``[starts:starts+subshape]`` of ``shape``.
+
+    The caller owns it: free it with ``Free()`` (or keep it in a
+    :class:`DatatypeCache`).
+    """
+    base = mpi_type(dtype)
+    datatype = base.Create_subarray(list(shape), list(subshape), list(starts), order=MPI.ORDER_C)
+    datatype.Commit()
+    return datatype
+
+
+class DatatypeCache:
+    """Committed derived datatypes of one operator, freed together.
+
+    Keys are whatever describes the layout (shape, dtype, block); the number
+    of entries is capped, the oldest being freed first, so a caller cycling
+    through many shapes does not accumulate MPI handles.
+    """
+
+    __slots__ = ("_types", "_limit")
+
+    def __init__(self, limit=64):
+        self._types = {}
+        self._limit = limit
+
+    def get(self, key, build):
+        datatype = self._types.get(key)
+        if datatype is None:
+            if len(self._types) >= self._limit:
+                oldest = next(iter(self._types))
+                _free(self._types.pop(oldest))
+            datatype = build()
+            self._types[key] = datatype
+        return datatype
+
+    def __len__(self):
+        return len(self._types)
+
+    def free(self):
+        for datatype in self._types.values():
+            _free(datatype)
+        self._types.clear()
+
+    def __del__(self):
+        try:
+            self.free()
+        except Exception:  # interpreter shutdown
+            pass
+
+
+def _free(datatype):
+    if not MPI.Is_finalized() and datatype != MPI.DATATYPE_NULL:
+        datatype.Free()

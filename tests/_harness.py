@@ -1,0 +1,308 @@
+"""pytest plumbing that runs MPI tests under mpiexec without ever hanging.
+
+Two roles, chosen by the command line:
+
+outer run (``python -m pytest``)
+    Serial tests run in-process. Tests marked ``mpi`` are replaced by one
+    launcher item per rank count (``--mpi-sizes``, default 1,2,3,4,6): each
+    runs ``mpiexec -n N python -m pytest --with-mpi ...`` once for all MPI
+    tests that fit N ranks, under a hard timeout (``--mpi-launch-timeout``),
+    killing the whole process group when it expires. The launcher fails when
+    the launch fails, and shows what the ranks printed.
+
+inner run (``--with-mpi`` / ``--only-mpi``, under mpiexec)
+    * ranks check they collected the same tests (CRC32 of the node ids);
+    * a per-test watchdog (``faulthandler.dump_traceback_later(exit=True)``,
+      writing to the stderr the process started with, since pytest's capture
+      swaps fd 2) ends a rank stuck past ``--mpi-test-timeout``; mpiexec then
+      tears the job down;
+    * after every test phase the ranks meet on a private duplicate of
+      ``COMM_WORLD`` (Ibarrier polled with Test). A rank whose phase failed
+      waits ``--mpi-grace`` seconds for the others; if they do not arrive
+      (they are waiting in a collective it never entered) it prints its
+      failure and calls ``Abort``. Otherwise the outcomes are gathered and a
+      failure on any rank becomes a failure on every rank, with each failing
+      rank's message, so the phase after a failed setup is skipped everywhere.
+      Rank 0 also writes each failure to stderr at once, so that a later
+      hang or abort cannot swallow it;
+    * only rank 0 writes a pytest report (the others' stdout goes to
+      /dev/null; their stderr stays, for crashes and aborts).
+"""
+
+import faulthandler
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import zlib
+from pathlib import Path
+
+import pytest
+
+DEFAULT_SIZES = "1,2,3,4,6"
+
+
+def add_options(parser):
+    group = parser.getgroup("mpisphere-mpi", "MPI launches (mpisphere test harness)")
+    group.addoption("--mpi-sizes", default=os.environ.get("MPISPHERE_TEST_SIZES", DEFAULT_SIZES),
+                    help="comma-separated rank counts the MPI tests run at (default %(default)s; "
+                         "env MPISPHERE_TEST_SIZES)")
+    group.addoption("--mpi-launch-timeout", type=float,
+                    default=float(os.environ.get("MPISPHERE_TEST_LAUNCH_TIMEOUT", "900")),
+                    help="seconds one mpiexec launch may take before it is killed (default %(default)s)")
+    group.addoption("--mpi-test-timeout", type=float,
+                    default=float(os.environ.get("MPISPHERE_TEST_TIMEOUT", "180")),
+                    help="seconds one MPI test may take before its ranks are ended (default %(default)s)")
+    group.addoption("--mpi-grace", type=float, default=float(os.environ.get("MPISPHERE_TEST_GRACE", "20")),
+                    help="seconds a failed rank waits for the others before aborting the job")
+
+
+def is_inner(config):
+    return bool(config.getoption("--with-mpi") or config.getoption("--only-mpi"))
+
+
+def mpi_sizes(config):
+    text = config.getoption("--mpi-sizes")
+    try:
+        sizes = sorted({int(s) for s in text.split(",") if s.strip()})
+    except ValueError:
+        raise pytest.UsageError(f"--mpi-sizes must be comma-separated integers, got {text!r}") from None
+    if not sizes or sizes[0] < 1:
+        raise pytest.UsageError(f"--mpi-sizes must list positive rank counts, got {text!r}")
+    return sizes
+
+
+def mpiexec_command():
+    """The launcher command: ``MPISPHERE_MPIEXEC``, else the mpiexec beside Python, else PATH's."""
+    override = os.environ.get("MPISPHERE_MPIEXEC")
+    if override:
+        return shlex.split(override)
+    beside = Path(sys.executable).with_name("mpiexec")
+    exe = str(beside) if beside.exists() else (shutil.which("mpiexec") or shutil.which("mpirun"))
+    if exe is None:
+        return None
+    flags = []
+    try:
+        version = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=60)
+        banner = version.stdout + version.stderr
+    except (OSError, subprocess.TimeoutExpired):
+        banner = ""
+    if "Open MPI" in banner or "OpenRTE" in banner:
+        flags.append("--oversubscribe")
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            flags.append("--allow-run-as-root")
+    return [exe, *flags]
+
+
+# --- outer run --------------------------------------------------------------
+
+class MpiLaunchFailed(Exception):
+    pass
+
+
+class MpiLaunch(pytest.Item):
+    """One ``mpiexec -n N python -m pytest --with-mpi`` run of the MPI tests."""
+
+    def __init__(self, *, nranks, files, ntests, **kwargs):
+        super().__init__(**kwargs)
+        self.nranks = nranks
+        self.files = files
+        self.ntests = ntests
+        self.summary = None
+        self.add_marker("mpi")
+
+    def _command(self):
+        config = self.config
+        launcher = mpiexec_command()
+        if launcher is None:
+            raise MpiLaunchFailed(
+                "no mpiexec found: install an MPI runtime (pip install 'mpisphere[mpich]') or set "
+                "MPISPHERE_MPIEXEC to the launcher command (e.g. 'srun --overlap')")
+        markexpr = config.option.markexpr
+        cmd = [*launcher, "-n", str(self.nranks), sys.executable, "-m", "pytest", "--with-mpi",
+               "-q", "--no-header", "-p", "no:cacheprovider", "--timeout=0",
+               f"--rootdir={config.rootpath}",
+               f"--mpi-test-timeout={config.getoption('--mpi-test-timeout')}",
+               f"--mpi-grace={config.getoption('--mpi-grace')}",
+               "-m", f"mpi and ({markexpr})" if markexpr else "mpi"]
+        if config.option.keyword:
+            cmd += ["-k", config.option.keyword]
+        if config.option.verbose > 0:
+            cmd.append("-v")
+        return cmd + list(self.files)
+
+    def runtest(self):
+        cmd = self._command()
+        env = dict(os.environ)
+        for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+            env.setdefault(var, "1")  # BLAS threads fight oversubscribed ranks for the cores
+        env["MPISPHERE_TEST_NRANKS"] = str(self.nranks)
+        env["PYTHONUNBUFFERED"] = "1"
+        timeout = self.config.getoption("--mpi-launch-timeout")
+        start = time.monotonic()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                                cwd=str(self.config.invocation_params.dir), start_new_session=True)
+        try:
+            output, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            output, _ = proc.communicate()
+            raise MpiLaunchFailed(self._report(cmd, output, f"killed after the launch timeout of {timeout:.0f} s "
+                                               "(--mpi-launch-timeout)")) from None
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        elapsed = time.monotonic() - start
+        text = output.decode(errors="replace")
+        self.summary = _summary_line(text) or f"exit {proc.returncode}"
+        self.summary += f" (wall {elapsed:.1f} s)"
+        if proc.returncode == 5 and "no tests ran" in text:  # everything deselected at this size
+            return
+        if proc.returncode != 0:
+            raise MpiLaunchFailed(self._report(cmd, output, f"exited with status {proc.returncode}"))
+
+    def _report(self, cmd, output, what):
+        text = output.decode(errors="replace") if isinstance(output, bytes) else (output or "")
+        hint = ""
+        if "Timeout (" in text:
+            hint = ("\nA rank exceeded the per-test timeout (--mpi-test-timeout); the traceback above "
+                    "shows where it was waiting.")
+        return (f"MPI launch on {self.nranks} rank(s) {what}.\ncommand: {shlex.join(cmd)}\n"
+                f"--- output ---\n{text}{hint}")
+
+    def repr_failure(self, excinfo):
+        if isinstance(excinfo.value, MpiLaunchFailed):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo)
+
+    def reportinfo(self):
+        return self.path, None, f"{self.ntests} MPI test(s) under mpiexec -n {self.nranks}"
+
+
+def _summary_line(text):
+    found = re.findall(r"^=*\s*(\d+ (?:passed|failed|error|skipped|deselected|xfailed|xpassed).*? in [\d.]+s.*?)\s*=*$",
+                       text, flags=re.M)
+    return found[-1] if found else None
+
+
+class OuterPlugin:
+    """Replaces the selected MPI tests by one launcher per rank count."""
+
+    def __init__(self, config):
+        self.config = config
+        self.launchers = []
+        self.unrunnable = []
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, session, config, items):
+        sizes = mpi_sizes(config)
+        serial, by_size = [], {}
+        for item in items:
+            marker = item.get_closest_marker("mpi")
+            if marker is None:
+                serial.append(item)
+                continue
+            min_size = int(marker.kwargs.get("min_size", 1))
+            fits = [n for n in sizes if n >= min_size]
+            if not fits:
+                self.unrunnable.append(item.nodeid)
+            for n in fits:
+                by_size.setdefault(n, []).append(item)
+        launchers = []
+        for n, group in sorted(by_size.items()):
+            files = sorted({str(item.path) for item in group})
+            launchers.append(MpiLaunch.from_parent(session, name=f"mpiexec-n{n}", nranks=n, files=files,
+                                                   ntests=len(group)))
+        self.launchers = launchers
+        items[:] = serial + launchers
+
+    def pytest_terminal_summary(self, terminalreporter):
+        ran = [launcher for launcher in self.launchers if launcher.summary]
+        if ran:
+            terminalreporter.section("MPI launches")
+            for launcher in ran:
+                terminalreporter.write_line(f"{launcher.nranks} rank(s): {launcher.summary}")
+        if self.unrunnable:
+            terminalreporter.write_line(
+                f"{len(self.unrunnable)} MPI test(s) need more ranks than --mpi-sizes offers, not run: "
+                + ", ".join(self.unrunnable[:5]) + (" ..." if len(self.unrunnable) > 5 else ""))
+
+
+# --- inner run ----------------------------------------------------------------
+
+class InnerPlugin:
+    """Keeps the ranks of one mpiexec launch in step, test phase by test phase."""
+
+    def __init__(self, config):
+        from mpi4py import MPI
+        self.MPI = MPI
+        self.config = config
+        self.comm = MPI.COMM_WORLD.Dup()  # harness messages never match a test's own
+        self.rank = self.comm.Get_rank()
+        self.size = self.comm.Get_size()
+        self.test_timeout = config.getoption("--mpi-test-timeout")
+        self.grace = config.getoption("--mpi-grace")
+        # pytest's capture is suspended while plugins configure: fd 2 is the real stderr
+        self.err = os.fdopen(os.dup(2), "w", buffering=1)
+        expected = os.environ.get("MPISPHERE_TEST_NRANKS")
+        if expected is not None and int(expected) != self.size:
+            from mpisphere.cuda_aware import mpi_library_path
+            raise pytest.UsageError(
+                f"the launcher started {expected} ranks but MPI reports {self.size}: the mpiexec used "
+                f"does not belong to the MPI library mpi4py loaded ({mpi_library_path()}); "
+                "set MPISPHERE_MPIEXEC to the matching launcher")
+        if self.rank != 0:
+            sys.stdout = open(os.devnull, "w")  # the terminal reporter, created next, writes here
+
+    def pytest_collection_finish(self, session):
+        ids = "\n".join(item.nodeid for item in session.items)
+        mine = (zlib.crc32(ids.encode()), len(session.items))
+        everyone = self.comm.allgather(mine)
+        if any(e != everyone[0] for e in everyone):
+            counts = ", ".join(f"rank {r}: {n} tests" for r, (_, n) in enumerate(everyone))
+            pytest.exit(f"ranks collected different tests ({counts}); parametrisation must not depend "
+                        "on the rank or on randomness", returncode=4)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_protocol(self, item, nextitem):
+        faulthandler.dump_traceback_later(self.test_timeout, exit=True, file=self.err)
+        try:
+            return (yield)
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item, call):
+        report = yield
+        failed = report.failed
+        text = report.longreprtext if failed else None
+        self._meet(failed, item.nodeid, call.when, text)
+        everyone = self.comm.allgather((report.outcome, text))
+        bad = [r for r, (outcome, _) in enumerate(everyone) if outcome == "failed"]
+        if bad and self.size > 1:
+            report.outcome = "failed"
+            report.longrepr = (f"failed on rank(s) {bad} of {self.size} in {call.when}\n"
+                               + "\n".join(f"---------- rank {r} ----------\n{everyone[r][1]}" for r in bad))
+        if bad and self.rank == 0:
+            # Written at once as well: a later test that hangs or aborts the job
+            # would otherwise take this report down with it.
+            self.err.write(f"\n___ {item.nodeid} FAILED ({call.when}) ___\n{report.longreprtext}\n")
+        return report
+
+    def _meet(self, failed, nodeid, when, text):
+        request = self.comm.Ibarrier()
+        deadline = time.monotonic() + self.grace if failed else None
+        while not request.Test():
+            if deadline is not None and time.monotonic() > deadline:
+                self.err.write(
+                    f"\n*** mpisphere test harness: rank {self.rank} of {self.size}: {nodeid} failed in "
+                    f"{when}, and the other ranks did not reach the end of that phase within {self.grace:.0f} s "
+                    "(they are probably waiting in a collective this rank never entered). Aborting the job.\n"
+                    f"{text}\n")
+                self.err.flush()
+                self.MPI.COMM_WORLD.Abort(1)
+            time.sleep(0.0005)

@@ -1,0 +1,153 @@
+"""ProcessGrid on every grid of the harness: layout, neighbours, tiles, scatter/gather, bad input."""
+
+import numpy
+import pytest
+from mpi4py import MPI
+
+from mpisphere import ProcessGrid, split_sizes
+
+pytestmark = pytest.mark.mpi
+
+
+def test_layout_is_row_major(grid):
+    world = MPI.COMM_WORLD
+    assert grid.size == world.Get_size() == grid.npolar * grid.nazimuth
+    assert grid.rank == world.Get_rank()
+    assert (grid.polar_rank, grid.azimuth_rank) == divmod(grid.rank, grid.nazimuth)
+    assert grid.cart.Get_coords(grid.rank) == [grid.polar_rank, grid.azimuth_rank]
+    assert grid.cart.Get_topo()[1] == [False, True]  # polar open, azimuth periodic
+    assert grid.polar.Get_size() == grid.npolar and grid.azimuth.Get_size() == grid.nazimuth
+    # the polar communicator is this rank's column, the azimuth one its row
+    assert grid.polar.allgather(grid.rank) == [p * grid.nazimuth + grid.azimuth_rank for p in range(grid.npolar)]
+    assert grid.azimuth.allgather(grid.rank) == [grid.polar_rank * grid.nazimuth + a for a in range(grid.nazimuth)]
+
+
+def test_neighbours(grid):
+    north, south = grid.polar_neighbors
+    assert north == (MPI.PROC_NULL if grid.polar_rank == 0 else grid.polar_rank - 1)
+    assert south == (MPI.PROC_NULL if grid.polar_rank == grid.npolar - 1 else grid.polar_rank + 1)
+    west, east = grid.azimuth_neighbors
+    assert west == (grid.azimuth_rank - 1) % grid.nazimuth
+    assert east == (grid.azimuth_rank + 1) % grid.nazimuth
+    # agrees with MPI's own view of the Cartesian topology
+    assert tuple(grid.cart.Shift(1, 1)) == (grid.polar_rank * grid.nazimuth + west, grid.polar_rank * grid.nazimuth + east)
+    src, dst = grid.cart.Shift(0, 1)
+    assert (src == MPI.PROC_NULL) == (north == MPI.PROC_NULL)
+    assert (dst == MPI.PROC_NULL) == (south == MPI.PROC_NULL)
+
+
+@pytest.mark.parametrize("nlat, nlon", [(7, 10), (361, 720), (6, 6), (13, 3)])
+def test_tiles_cover_the_field(grid, nlat, nlon):
+    lat_sizes, lon_sizes = split_sizes(nlat, grid.npolar), split_sizes(nlon, grid.nazimuth)
+    h, w = grid.local_shape(nlat, nlon)
+    assert (h, w) == (lat_sizes[grid.polar_rank], lon_sizes[grid.azimuth_rank])
+    cover = numpy.zeros((nlat, nlon), int)
+    for r in range(grid.size):
+        lat, lon = grid.tile_slices(nlat, nlon, r)
+        cover[lat, lon] += 1
+    assert (cover == 1).all()
+    assert grid.local_slices(nlat, nlon) == grid.tile_slices(nlat, nlon, grid.rank)
+
+
+@pytest.mark.parametrize("lead", [(), (3,), (2, 2)], ids=str)
+@pytest.mark.parametrize("dtype", [numpy.float64, numpy.complex64, numpy.float16])
+@pytest.mark.parametrize("root", [0, -1])
+def test_scatter_gather_round_trip(grid, rng, lead, dtype, root):
+    nlat, nlon = 7, 10
+    root = root % grid.size
+    field = rng.standard_normal(lead + (nlat, nlon)).astype(dtype)
+    tile = grid.scatter(field if grid.rank == root else None, root=root)
+    lat, lon = grid.local_slices(nlat, nlon)
+    numpy.testing.assert_array_equal(tile, field[..., lat, lon])
+    assert tile.flags.c_contiguous and tile.dtype == field.dtype
+    back = grid.gather(tile, root=root)
+    if grid.rank == root:
+        numpy.testing.assert_array_equal(back, field)
+    else:
+        assert back is None
+
+
+def test_scatter_accepts_non_contiguous_field(grid, rng):
+    field = rng.standard_normal((10, 7, 3)).transpose(2, 1, 0)  # (3, 7, 10), Fortran-ordered view
+    tile = grid.scatter(field if grid.rank == 0 else None)
+    lat, lon = grid.local_slices(7, 10)
+    numpy.testing.assert_array_equal(tile, field[..., lat, lon])
+
+
+def test_from_fortran_round_trip(grid):
+    handle = MPI.COMM_WORLD.py2f()
+    with ProcessGrid.from_fortran(handle, grid.npolar, grid.nazimuth) as g:
+        assert (g.npolar, g.nazimuth, g.rank) == (grid.npolar, grid.nazimuth, grid.rank)
+        assert g.cart.Get_size() == MPI.COMM_WORLD.Get_size()
+        field = numpy.arange(7 * 10.0).reshape(7, 10)
+        back = g.gather(g.scatter(field if g.rank == 0 else None))
+        if g.rank == 0:
+            numpy.testing.assert_array_equal(back, field)
+
+
+def test_dims_filled_in(comm):
+    size = comm.Get_size()
+    with ProcessGrid() as g:
+        assert [g.npolar, g.nazimuth] == MPI.Compute_dims(size, 2)
+    with ProcessGrid(npolar=size) as g:
+        assert (g.npolar, g.nazimuth) == (size, 1)
+    with ProcessGrid(nazimuth=size) as g:
+        assert (g.npolar, g.nazimuth) == (1, size)
+
+
+def test_free_twice_and_use_after_free(comm):
+    g = ProcessGrid(comm)
+    g.free()
+    g.free()
+    with pytest.raises(RuntimeError, match="after free"):
+        g.gather(numpy.zeros((1, 1)))
+
+
+def test_wrong_dims_product(comm):
+    size = comm.Get_size()
+    with pytest.raises(ValueError, match=rf"{size + 1} x 1 = {size + 1} ranks, but the communicator has {size}"):
+        ProcessGrid(comm, size + 1, 1)
+
+
+@pytest.mark.parametrize("dims", [(0, 1), (-2, 1), (1, 0)])
+def test_non_positive_dim(comm, dims):
+    with pytest.raises(ValueError, match="must be a positive number of ranks"):
+        ProcessGrid(comm, *dims)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_dim_that_does_not_divide(comm):
+    size = comm.Get_size()
+    with pytest.raises(ValueError, match=rf"npolar={size + 1} does not divide the communicator size {size}"):
+        ProcessGrid(comm, npolar=size + 1)
+
+
+def test_grid_finer_than_field(grid):
+    if grid.npolar > 1:
+        with pytest.raises(ValueError, match=rf"{grid.npolar} polar ranks cannot split {grid.npolar - 1} latitudes"):
+            grid.local_shape(grid.npolar - 1, 10)
+    if grid.nazimuth > 1:
+        with pytest.raises(ValueError, match=rf"{grid.nazimuth} azimuth ranks cannot split 1 longitudes"):
+            grid.local_shape(10, 1)
+    with pytest.raises(ValueError, match="cannot split 0 latitudes"):
+        grid.local_shape(0, 10)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_scatter_of_too_small_field_fails_on_every_rank(grid):
+    small = numpy.zeros((grid.npolar - 1 or 1, grid.nazimuth - 1 or 1))
+    if grid.npolar == 1 and grid.nazimuth == 1:
+        pytest.skip("every field fits a 1x1 grid")
+    with pytest.raises(ValueError, match="cannot split"):
+        grid.scatter(small if grid.rank == 0 else None)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_gather_of_mismatched_tiles_fails_on_every_rank(grid):
+    h, w = grid.local_shape(7, 10)
+    tile = numpy.zeros((h + (2 if grid.rank == grid.size - 1 else 0), w))  # no split of any nlat fits
+    with pytest.raises(ValueError, match="ProcessGrid.gather"):
+        grid.gather(tile)
+    dtype = numpy.float32 if grid.rank == 1 else numpy.float64
+    with pytest.raises(ValueError, match="disagree in leading shape or dtype"):
+        grid.gather(numpy.zeros((h, w), dtype))

@@ -1,0 +1,51 @@
+"""mpisphere.config: environment parsing, validation, override (serial)."""
+
+import pytest
+
+from mpisphere.settings import Config
+
+
+def test_defaults_from_empty_environment():
+    cfg = Config(environ={})
+    assert cfg.debug is False and cfg.cuda_aware is None and cfg.force_staging is False
+
+
+@pytest.mark.parametrize("text, value", [("1", True), ("yes", True), ("0", False), ("off", False)])
+def test_environment_flags(text, value):
+    cfg = Config(environ={"MPISPHERE_DEBUG": text, "MPISPHERE_CUDA_AWARE": text})
+    assert cfg.debug is value and cfg.cuda_aware is value
+
+
+def test_cuda_aware_auto():
+    assert Config(environ={"MPISPHERE_CUDA_AWARE": "auto"}).cuda_aware is None
+
+
+def test_bad_environment_value_names_the_variable():
+    with pytest.raises(ValueError, match="MPISPHERE_DEBUG='maybe'"):
+        Config(environ={"MPISPHERE_DEBUG": "maybe"})
+
+
+def test_setters_validate():
+    cfg = Config(environ={})
+    with pytest.raises(TypeError, match="debug must be True or False"):
+        cfg.debug = 1
+    with pytest.raises(TypeError, match="cuda_aware must be True, False or None"):
+        cfg.cuda_aware = "yes"
+    with pytest.raises(AttributeError):
+        cfg.dbug = True  # a typo is an error, not a silent new attribute
+
+
+def test_override_restores():
+    cfg = Config(environ={})
+    with cfg.override(debug=True, force_staging=True):
+        assert cfg.debug and cfg.force_staging
+    assert not cfg.debug and not cfg.force_staging
+    with pytest.raises(AttributeError, match="no switch 'verbose'"):
+        cfg.override(verbose=True)
+
+
+def test_setting_cuda_aware_drops_the_cached_decision():
+    cfg = Config(environ={})
+    cfg._cuda_aware_decision = (False, "test")
+    cfg.cuda_aware = True
+    assert cfg._cuda_aware_decision is None
