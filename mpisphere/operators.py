@@ -89,12 +89,12 @@ def check_input(comm, who, error, meta):
         ``"Operator.direction"``, the start of every message.
     error : (type, str) or None
         This rank's own finding: exception class and text (expected and got).
-    meta : tuple
-        What must agree across ranks in debug mode (shape with the split
-        axis masked, dtype, ...).
+    meta : callable
+        Returns what must agree across ranks in debug mode (shape with the
+        split axis masked, dtype, ...); only called in debug mode.
     """
     if config.debug and comm.Get_size() > 1:
-        collectives.agree(comm, who, None if error is None else error[1], meta)
+        collectives.agree(comm, who, None if error is None else error[1], meta())
     if error is not None:
         cls, text = error
         raise cls(f"{who}: rank {comm.Get_rank()} of {comm.Get_size()}: {text}")

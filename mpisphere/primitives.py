@@ -64,6 +64,14 @@ def _dtype_error(x):
     return None
 
 
+def _meta(x, masked_axis):
+    """What must agree across ranks: the shape (split axis masked) and the dtype."""
+    shape = tuple(getattr(x, "shape", ()))
+    if masked_axis is not None:
+        shape = shape[:masked_axis] + ("*",) + shape[masked_axis + 1:]
+    return f"shape {shape}", f"dtype {getattr(x, 'dtype', type(x).__name__)}"
+
+
 def _prod(values):
     result = 1
     for v in values:
@@ -150,15 +158,8 @@ class _SplitAxisOperator(_CommunicatorOperator):
                         f"chunk {self.rank} of {self.extent} split over {self.size} ranks")
                 error = ValueError, (f"expected {expected} entries along axis {self.axis} ({what}), "
                                      f"got {x.shape[axis]} (input shape {tuple(x.shape)})")
-        meta = self._meta(x, axis)
-        check_input(self.comm, f"{self.name}.{who}", error, meta)
+        check_input(self.comm, f"{self.name}.{who}", error, lambda: _meta(x, axis))
         return axis
-
-    def _meta(self, x, axis):
-        shape = tuple(getattr(x, "shape", ()))
-        if axis is not None:
-            shape = shape[:axis] + ("*",) + shape[axis + 1:]
-        return (f"shape {shape}", f"dtype {getattr(x, 'dtype', type(x).__name__)}")
 
     def _chunk_shape(self, shape, axis, rank):
         shape = list(shape)
@@ -234,9 +235,7 @@ class _SumOverRanks(_CommunicatorOperator):
     """Shared code of :class:`CopyTo` and :class:`ReduceFrom`."""
 
     def _validate(self, who, x):
-        error = _dtype_error(x)
-        meta = (f"shape {tuple(getattr(x, 'shape', ()))}", f"dtype {getattr(x, 'dtype', None)}")
-        check_input(self.comm, f"{self.name}.{who}", error, meta)
+        check_input(self.comm, f"{self.name}.{who}", _dtype_error(x), lambda: _meta(x, None))
 
     def _copy(self, who, x, out):
         self._validate(who, x)
@@ -455,10 +454,7 @@ class Transpose(_CommunicatorOperator):
                     f"expected {n_split} entries along axis {split_axis} (whole) and {want_g} along axis "
                     f"{gather_axis} (chunk {self.rank} of {n_gather} split over {self.size} ranks), "
                     f"got input shape {tuple(x.shape)}")
-        shape = tuple(getattr(x, "shape", ()))
-        meta = (f"shape {tuple('*' if i == g else e for i, e in enumerate(shape))}",
-                f"dtype {getattr(x, 'dtype', None)}")
-        check_input(self.comm, f"Transpose.{who}", error, meta)
+        check_input(self.comm, f"Transpose.{who}", error, lambda: _meta(x, g))
         return self._exchange(x, s, g, n_split, n_gather, out)
 
     def _exchange(self, x, s, g, n_split, n_gather, out):

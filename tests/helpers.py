@@ -1,0 +1,33 @@
+"""Small helpers shared by the tests (no fixtures here; see conftest.py)."""
+
+import numpy
+
+from mpisphere.partition import chunk_slice
+
+FLOAT_TOL = {
+    numpy.dtype(numpy.float64): 1e-13,
+    numpy.dtype(numpy.complex128): 1e-13,
+    numpy.dtype(numpy.float32): 1e-5,
+    numpy.dtype(numpy.complex64): 1e-5,
+    numpy.dtype(numpy.float16): 5e-3,
+}
+
+
+def random_array(rng, shape, dtype):
+    """Normal random numbers of ``dtype`` (complex: independent real and imaginary parts)."""
+    dtype = numpy.dtype(dtype)
+    x = rng.standard_normal(shape)
+    if dtype.kind == "c":
+        x = x + 1j * rng.standard_normal(shape)
+    return x.astype(dtype)
+
+
+def chunk(x, axis, parts, index):
+    """Chunk ``index`` of ``x`` split along ``axis`` into ``parts`` (the split every operator uses)."""
+    axis %= x.ndim
+    return x[(slice(None),) * axis + (chunk_slice(x.shape[axis], parts, index),)]
+
+
+def rank_rng(comm, seed=7):
+    """A generator that differs per rank (for distributed test data)."""
+    return numpy.random.default_rng([seed, comm.Get_rank(), comm.Get_size()])

@@ -1,0 +1,441 @@
+"""Communication primitives against a serial NumPy reference, and their adjoints.
+
+Every test builds the same global array on every rank (the rng fixture is
+seeded identically), gives each rank its piece, runs the operator on
+``grid.polar`` or ``grid.azimuth``, and compares with the slice of a NumPy
+computation on the global array. Dot tests use data that differs per rank.
+"""
+
+import tracemalloc
+
+import numpy
+import pytest
+from mpi4py import MPI
+
+import mpisphere
+from mpisphere import (CopyTo, GatherFrom, GatherFromCopyTo, ReduceFrom, ReduceScatter, ScatterTo, Transpose,
+                       config, dottest)
+
+from helpers import FLOAT_TOL, chunk, random_array, rank_rng
+
+pytestmark = pytest.mark.mpi
+
+COMMS = ["polar", "azimuth"]
+DTYPES = [numpy.float64, numpy.complex128, numpy.float32, numpy.complex64, numpy.float16]
+EXACT_DTYPES = [numpy.float64, numpy.complex128]
+
+# (global shape, (a, b)): uneven extents everywhere; split axes leading, trailing, middle, negative
+TRANSPOSE_CASES = [
+    ((5, 7, 11), (0, -1)),
+    ((5, 7, 11), (-1, 0)),
+    ((5, 7, 11), (1, 2)),
+    ((5, 7, 11), (2, 1)),
+    ((6, 9), (0, 1)),
+    ((3, 5, 7, 8), (1, -1)),
+    ((3, 5, 7, 8), (-1, -3)),
+    ((1, 1, 13, 7), (2, 3)),
+]
+
+
+def _comm(grid, which):
+    return getattr(grid, which)
+
+
+# --- Transpose ------------------------------------------------------------------
+
+@pytest.mark.parametrize("which", COMMS)
+@pytest.mark.parametrize("shape, axes", TRANSPOSE_CASES, ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: numpy.dtype(d).name)
+def test_transpose_matches_reference(grid, which, rng, shape, axes, dtype):
+    comm = _comm(grid, which)
+    p, r = comm.Get_size(), comm.Get_rank()
+    a, b = axes
+    if shape[a] < p or shape[b] < p:
+        pytest.skip("extent smaller than the communicator")
+    g = random_array(rng, shape, dtype)
+    op = Transpose(comm, axes=axes, extents=(shape[a], shape[b]))
+    x = chunk(g, b, p, r)
+    y = op.forward(x)
+    numpy.testing.assert_array_equal(y, chunk(g, a, p, r))  # pure data movement: exact
+    assert y.dtype == g.dtype and y.flags.c_contiguous
+    back = op.adjoint(y)
+    numpy.testing.assert_array_equal(back, x)  # adjoint of a permutation is its inverse, bit for bit
+
+
+@pytest.mark.parametrize("which", COMMS)
+@pytest.mark.parametrize("shape, axes", TRANSPOSE_CASES, ids=str)
+@pytest.mark.parametrize("dtype", EXACT_DTYPES, ids=lambda d: numpy.dtype(d).name)
+def test_transpose_dottest(grid, which, shape, axes, dtype):
+    comm = _comm(grid, which)
+    p, r = comm.Get_size(), comm.Get_rank()
+    a, b = axes
+    if shape[a] < p or shape[b] < p:
+        pytest.skip("extent smaller than the communicator")
+    op = Transpose(comm, axes=axes, extents=(shape[a], shape[b]))
+    local = rank_rng(comm)
+    x_shape = list(shape)
+    x_shape[b] = mpisphere.split_sizes(shape[b], p)[r]
+    y_shape = list(shape)
+    y_shape[a] = mpisphere.split_sizes(shape[a], p)[r]
+    assert dottest(op, random_array(local, x_shape, dtype), random_array(local, y_shape, dtype), rtol=1e-13) <= 1e-13
+
+
+@pytest.mark.parametrize("which", COMMS)
+def test_transpose_reference_problem_sizes(grid, which, rng):
+    """nlat=361 and nlon=720 over the comm, a leading axis of 5 (uneven over 2, 3 and 4 ranks)."""
+    comm = _comm(grid, which)
+    p, r = comm.Get_size(), comm.Get_rank()
+    g = rng.standard_normal((5, 361, 720))
+    for axes in ((0, -1), (-2, 0), (-1, -2)):
+        a, b = axes
+        op = Transpose(comm, axes=axes, extents=(g.shape[a], g.shape[b]))
+        x = chunk(g, b, p, r)
+        y = op.forward(x)
+        numpy.testing.assert_array_equal(y, chunk(g, a, p, r))
+        numpy.testing.assert_array_equal(op.adjoint(y), x)
+        local = rank_rng(comm)
+        assert dottest(op, local.standard_normal(x.shape), local.standard_normal(y.shape)) <= 1e-13
+
+
+@pytest.mark.parametrize("which", COMMS)
+def test_transpose_non_contiguous_input_and_out(grid, which, rng):
+    comm = _comm(grid, which)
+    p, r = comm.Get_size(), comm.Get_rank()
+    g = rng.standard_normal((4, 9, 10))
+    op = Transpose(comm, axes=(0, 2), extents=(4, 10))
+    x = numpy.asfortranarray(chunk(g, 2, p, r))  # same values, Fortran order
+    assert not x.flags.c_contiguous
+    y = op.forward(x)
+    numpy.testing.assert_array_equal(y, chunk(g, 0, p, r))
+    x_view = chunk(g, 2, p, r)[:, ::1, :]  # a strided view of the global array
+    out = numpy.full(y.shape, numpy.nan)
+    assert op.forward(x_view, out=out) is out
+    numpy.testing.assert_array_equal(out, y)
+    out_f = numpy.asfortranarray(numpy.zeros_like(y))  # a non-contiguous out is written correctly too
+    op.forward(x, out=out_f)
+    numpy.testing.assert_array_equal(out_f, y)
+
+
+def test_transpose_inputs_are_not_modified(grid, rng):
+    comm = grid.azimuth
+    p, r = comm.Get_size(), comm.Get_rank()
+    g = rng.standard_normal((4, 5, 6))
+    x = chunk(g, -1, p, r).copy()
+    before = x.copy()
+    op = Transpose(comm, (0, -1), (4, 6))
+    y = op.forward(x)
+    y_before = y.copy()
+    op.adjoint(y)
+    numpy.testing.assert_array_equal(x, before)
+    numpy.testing.assert_array_equal(y, y_before)
+    assert not numpy.shares_memory(y, x)
+
+
+# --- reductions and gathers ---------------------------------------------------------
+
+def _reference(name, g_ranks, axis, p, r):
+    """Serial result of op ``name`` on rank r, from every rank's input ``g_ranks[q]``."""
+    if name in ("ReduceFrom",):
+        return sum(g.astype(numpy.float32) if g.dtype == numpy.float16 else g for g in g_ranks)
+    if name in ("GatherFrom", "GatherFromCopyTo"):
+        return numpy.concatenate([chunk(g_ranks[q], axis, p, q) for q in range(p)], axis=axis)
+    if name == "ReduceScatter":
+        total = sum(g.astype(numpy.float32) if g.dtype == numpy.float16 else g for g in g_ranks)
+        return chunk(total, axis, p, r)
+    raise AssertionError(name)
+
+
+SPLIT_CASES = [((5, 7, 11), 0), ((5, 7, 11), -1), ((5, 7, 11), 1), ((3, 4, 361), -1), ((6, 5), -2)]
+
+
+@pytest.mark.parametrize("which", COMMS)
+@pytest.mark.parametrize("shape, axis", SPLIT_CASES, ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: numpy.dtype(d).name)
+def test_gathers_and_scatters_match_reference(grid, which, rng, shape, axis, dtype):
+    comm = _comm(grid, which)
+    p, r = comm.Get_size(), comm.Get_rank()
+    if shape[axis] < p:
+        pytest.skip("extent smaller than the communicator")
+    extent = shape[axis]
+    # a different global array per rank, known to every rank
+    g_ranks = [random_array(rng, shape, dtype) for _ in range(p)]
+    mine = g_ranks[r]
+
+    y = GatherFrom(comm, axis, extent).forward(chunk(mine, axis, p, r))
+    numpy.testing.assert_array_equal(y, _reference("GatherFrom", g_ranks, axis, p, r))
+    y = GatherFromCopyTo(comm, axis, extent).forward(chunk(mine, axis, p, r))
+    numpy.testing.assert_array_equal(y, _reference("GatherFromCopyTo", g_ranks, axis, p, r))
+    y = ScatterTo(comm, axis, extent).forward(g_ranks[0])
+    numpy.testing.assert_array_equal(y, chunk(g_ranks[0], axis, p, r))
+    y = GatherFrom(comm, axis, extent).adjoint(g_ranks[0])
+    numpy.testing.assert_array_equal(y, chunk(g_ranks[0], axis, p, r))
+    y = ScatterTo(comm, axis, extent).adjoint(chunk(mine, axis, p, r))
+    numpy.testing.assert_array_equal(y, _reference("GatherFrom", g_ranks, axis, p, r))
+
+    tol = FLOAT_TOL[numpy.dtype(dtype)]
+    for name, op, direction in (("ReduceScatter", ReduceScatter(comm, axis, extent), "forward"),
+                                ("ReduceScatter", GatherFromCopyTo(comm, axis, extent), "adjoint")):
+        y = getattr(op, direction)(mine)
+        ref = _reference(name, g_ranks, axis, p, r)
+        assert y.dtype == mine.dtype and y.shape == ref.shape
+        if numpy.dtype(dtype) == numpy.float16:
+            # summed in float32 and rounded once: equal to the float32 sum within float16 rounding
+            numpy.testing.assert_allclose(y.astype(numpy.float32), ref, rtol=2.0 ** -10, atol=2.0 ** -14)
+        else:
+            numpy.testing.assert_allclose(y, ref, rtol=tol, atol=tol * p)
+
+
+@pytest.mark.parametrize("which", COMMS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: numpy.dtype(d).name)
+def test_copy_to_and_reduce_from_match_reference(grid, which, rng, dtype):
+    comm = _comm(grid, which)
+    p, r = comm.Get_size(), comm.Get_rank()
+    g_ranks = [random_array(rng, (3, 5, 7), dtype) for _ in range(p)]
+    mine = g_ranks[r]
+    before = mine.copy()
+    ref = _reference("ReduceFrom", g_ranks, 0, p, r)
+    for y in (ReduceFrom(comm).forward(mine), CopyTo(comm).adjoint(mine)):
+        assert y.dtype == mine.dtype and not numpy.shares_memory(y, mine)
+        if numpy.dtype(dtype) == numpy.float16:
+            numpy.testing.assert_allclose(y.astype(numpy.float32), ref, rtol=2.0 ** -10, atol=2.0 ** -14)
+        else:
+            tol = FLOAT_TOL[numpy.dtype(dtype)]
+            numpy.testing.assert_allclose(y, ref, rtol=tol, atol=tol * p)
+    numpy.testing.assert_array_equal(mine, before)  # the caller's array is never reduced in place
+    for y in (CopyTo(comm).forward(mine), ReduceFrom(comm).adjoint(mine)):
+        numpy.testing.assert_array_equal(y, mine)
+        assert not numpy.shares_memory(y, mine)
+
+
+def test_float16_reduction_runs_in_float32(grid):
+    """Many small float16 terms: float16 accumulation would lose them, float32 keeps them."""
+    comm = grid.cart
+    p = comm.Get_size()
+    x = numpy.full(4, 2048.0, numpy.float16) if comm.Get_rank() == 0 else numpy.full(4, 1.0, numpy.float16)
+    y = ReduceFrom(comm).forward(x)
+    # the exact sum, rounded to float16 once (sequential float16 additions would stay at 2048)
+    assert (y == numpy.float32(2048 + (p - 1)).astype(numpy.float16)).all()
+
+
+OPS_WITH_AXIS = [ScatterTo, GatherFrom, ReduceScatter, GatherFromCopyTo]
+
+
+def _domain_shape(op, shape, axis, p, r):
+    whole = op.domain.kind == mpisphere.REPLICATED or isinstance(op, ReduceScatter)
+    s = list(shape)
+    if not whole:
+        s[axis] = mpisphere.split_sizes(shape[axis], p)[r]
+    return tuple(s)
+
+
+def _range_shape(op, shape, axis, p, r):
+    whole = isinstance(op, (GatherFrom, GatherFromCopyTo))
+    s = list(shape)
+    if not whole:
+        s[axis] = mpisphere.split_sizes(shape[axis], p)[r]
+    return tuple(s)
+
+
+def _point(layout, rng_same, rng_local, shape, dtype):
+    """Test data for one side: identical on all ranks when replicated."""
+    source = rng_same if layout.kind == mpisphere.REPLICATED else rng_local
+    return random_array(source, shape, dtype)
+
+
+@pytest.mark.parametrize("which", COMMS)
+@pytest.mark.parametrize("shape, axis", SPLIT_CASES, ids=str)
+@pytest.mark.parametrize("dtype", EXACT_DTYPES, ids=lambda d: numpy.dtype(d).name)
+@pytest.mark.parametrize("cls", OPS_WITH_AXIS + [CopyTo, ReduceFrom], ids=lambda c: c.__name__)
+def test_dottest(grid, which, rng, shape, axis, dtype, cls):
+    comm = _comm(grid, which)
+    p, r = comm.Get_size(), comm.Get_rank()
+    if shape[axis] < p:
+        pytest.skip("extent smaller than the communicator")
+    if cls in OPS_WITH_AXIS:
+        op = cls(comm, axis, shape[axis])
+        xs, ys = _domain_shape(op, shape, axis, p, r), _range_shape(op, shape, axis, p, r)
+    else:
+        op = cls(comm)
+        xs = ys = shape
+    local = rank_rng(comm)
+    x = _point(op.domain, rng, local, xs, dtype)
+    y = _point(op.range, rng, local, ys, dtype)
+    assert dottest(op, x, y, rtol=1e-13) <= 1e-13
+    assert dottest(op.H, y, x, rtol=1e-13) <= 1e-13
+
+
+# --- composition -------------------------------------------------------------------
+
+def test_composition_adjoint_equals_reversed_adjoints(grid, rng):
+    nlat, nlon, batch = 13, 10, 5
+    polar, azimuth = grid.polar, grid.azimuth
+    h = mpisphere.split_sizes(nlat, grid.npolar)[grid.polar_rank]
+    w = mpisphere.split_sizes(nlon, grid.nazimuth)[grid.azimuth_rank]
+    b_az = mpisphere.split_sizes(batch, grid.nazimuth)[grid.azimuth_rank]
+    # B: azimuth transpose (batch split, longitudes whole); A: polar gather of latitudes
+    B = Transpose(azimuth, axes=(0, -1), extents=(batch, nlon))
+    A = GatherFromCopyTo(polar, axis=-2, extent=nlat)
+    AB = A @ B
+    local = rank_rng(grid.cart)
+    x = local.standard_normal((batch, h, w))
+    y = local.standard_normal((b_az, nlat, nlon))
+    numpy.testing.assert_array_equal(AB.forward(x), A.forward(B.forward(x)))
+    numpy.testing.assert_array_equal(AB.H.forward(y), (B.H @ A.H).forward(y))
+    numpy.testing.assert_array_equal(AB.adjoint(y), B.adjoint(A.adjoint(y)))
+    assert AB.H.H is not None and AB.H.domain.kind == AB.range.kind
+    # the grid-wide sum of per-column dot products: a dot test over the whole grid
+    ax, aty = AB.forward(x), AB.adjoint(y)
+    lhs = grid.cart.allreduce(float(numpy.vdot(ax, y)))
+    rhs = grid.cart.allreduce(float(numpy.vdot(x, aty)))
+    assert abs(lhs - rhs) <= 1e-13 * max(abs(lhs), abs(rhs))
+
+
+def test_composition_of_mismatched_layouts_is_an_error(grid):
+    with pytest.raises(ValueError, match="returns replicated arrays but ReduceScatter takes distributed"):
+        ReduceScatter(grid.polar, 0, grid.npolar) @ GatherFrom(grid.polar, 0, grid.npolar)
+
+
+def test_gather_scatter_composition_round_trip(grid, rng):
+    comm = grid.polar
+    p, r = comm.Get_size(), comm.Get_rank()
+    g = rng.standard_normal((7, 4))
+    S, G = ScatterTo(comm, 0, 7), GatherFrom(comm, 0, 7)
+    numpy.testing.assert_array_equal((G @ S).forward(g), g)
+    numpy.testing.assert_array_equal((S @ G).forward(chunk(g, 0, p, r)), chunk(g, 0, p, r))
+
+
+# --- bad input ----------------------------------------------------------------------
+
+def test_wrong_local_extent_names_operator_rank_expected_got(grid):
+    comm = grid.cart
+    p, r = comm.Get_size(), comm.Get_rank()
+    op = Transpose(comm, axes=(0, 1), extents=(p + 2, 2 * p + 1))
+    good = mpisphere.split_sizes(2 * p + 1, p)[r]
+    with pytest.raises(ValueError, match=rf"Transpose.forward: rank {r} of {p}: expected {p + 2} entries along axis 0 "
+                                         rf"\(whole\) and {good} along axis 1 .* got input shape \({p + 2}, {good + 1}\)"):
+        op.forward(numpy.zeros((p + 2, good + 1)))
+    gf = GatherFrom(comm, -1, 3 * p)
+    with pytest.raises(ValueError, match=rf"GatherFrom.forward: rank {r} of {p}: expected 3 entries along axis -1 "
+                                         rf"\(chunk {r} of {3 * p} split over {p} ranks\), got 4"):
+        gf.forward(numpy.zeros((2, 4)))
+    with pytest.raises(ValueError, match=rf"ReduceScatter.forward: rank {r} of {p}: expected {3 * p} entries .*whole"):
+        ReduceScatter(comm, 0, 3 * p).forward(numpy.zeros((3 * p + 1, 2)))
+
+
+def test_axis_out_of_range(grid):
+    comm = grid.cart
+    with pytest.raises(ValueError, match="axis 3 is out of range for an array of shape \\(4, 4\\)"):
+        GatherFrom(comm, 3, comm.Get_size()).forward(numpy.zeros((4, 4)))
+    with pytest.raises(ValueError, match="axis -3 is out of range"):
+        Transpose(comm, (-3, -1), (comm.Get_size(), comm.Get_size())).forward(numpy.zeros((4, 4)))
+    with pytest.raises(ValueError, match="name the same axis"):
+        Transpose(comm, (-1, 1), (comm.Get_size(), comm.Get_size())).forward(numpy.zeros((4, 4)))
+
+
+def test_extent_smaller_than_comm(grid):
+    comm = grid.cart
+    p = comm.Get_size()
+    if p == 1:
+        with pytest.raises(ValueError, match="extent=0 is smaller than the communicator size 1"):
+            ScatterTo(comm, 0, 0)
+        return
+    with pytest.raises(ValueError, match=rf"ScatterTo: extent={p - 1} is smaller than the communicator size {p}"):
+        ScatterTo(comm, 0, p - 1)
+    with pytest.raises(ValueError, match=rf"Transpose: extents\[1\]={p - 1} is smaller"):
+        Transpose(comm, (0, 1), (p, p - 1))
+
+
+def test_bad_construction_arguments(grid):
+    with pytest.raises(TypeError, match="comm must be an mpi4py Intracomm"):
+        CopyTo(grid)
+    with pytest.raises(ValueError, match="axes must differ"):
+        Transpose(grid.cart, (1, 1), (4, 4))
+    with pytest.raises(TypeError, match="axes must be a pair of integers"):
+        Transpose(grid.cart, (0,), (4, 4))
+    with pytest.raises(TypeError, match="axis must be an integer"):
+        GatherFrom(grid.cart, 0.5, 4)
+
+
+@pytest.mark.parametrize("dtype", [numpy.int32, numpy.bool_, numpy.float128 if hasattr(numpy, "float128") else object])
+def test_unsupported_dtype(grid, dtype):
+    comm = grid.cart
+    p, r = comm.Get_size(), comm.Get_rank()
+    x = numpy.zeros((p, 3), dtype=dtype)
+    with pytest.raises(TypeError, match=rf"ReduceFrom.forward: rank {r} of {p}: unsupported dtype"):
+        ReduceFrom(comm).forward(x)
+    with pytest.raises(TypeError, match="unsupported dtype"):
+        Transpose(comm, (0, 1), (p, 3 * p)).forward(numpy.zeros((p, 3), dtype=dtype))
+
+
+def test_out_argument_is_checked(grid):
+    comm = grid.cart
+    p = comm.Get_size()
+    x = numpy.zeros((2, 3))
+    with pytest.raises(ValueError, match=r"out has shape \(3, 3\) float64, expected \(2, 3\) float64"):
+        CopyTo(comm).forward(x, out=numpy.zeros((3, 3)))
+    with pytest.raises(ValueError, match="expected \\(2, 3\\) float64"):
+        ReduceFrom(comm).forward(x, out=numpy.zeros((2, 3), numpy.float32))
+    with pytest.raises(ValueError, match="out overlaps the input"):
+        CopyTo(comm).forward(x, out=x)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_debug_mode_mismatch_raises_on_every_rank(grid):
+    """Only the last rank passes a wrong shape; with debug on, every rank raises instead of hanging."""
+    comm = grid.cart
+    p, r = comm.Get_size(), comm.Get_rank()
+    extent = 2 * p + 1
+    op = GatherFrom(comm, 0, extent)
+    n = mpisphere.split_sizes(extent, p)[r] + (1 if r == p - 1 else 0)
+    with config.override(debug=True):
+        with pytest.raises(ValueError, match=rf"GatherFrom.forward \(debug check over {p} ranks\): rank {p - 1}: expected"):
+            op.forward(numpy.zeros((n, 3)))
+        # a mismatch no single rank can see: trailing shapes differ between ranks
+        x = numpy.zeros((mpisphere.split_sizes(extent, p)[r], 3 + (r == 1)))
+        with pytest.raises(ValueError, match="inputs disagree across ranks: rank 0 has shape \\('\\*', 3\\)"):
+            op.forward(x)
+        y = numpy.zeros((4, 4), numpy.float32 if r == 1 else numpy.float64)
+        with pytest.raises(ValueError, match="rank 1 has shape \\(4, 4\\), dtype float32"):
+            ReduceFrom(comm).forward(y)
+    assert not config.debug
+
+
+# --- resources ---------------------------------------------------------------------
+
+def test_repeated_calls_do_not_grow_memory(grid, rng):
+    comm = grid.azimuth
+    p, r = comm.Get_size(), comm.Get_rank()
+    g = rng.standard_normal((6, 5, 11))
+    ops = [(Transpose(comm, (1, -1), (5, 11)), chunk(g, -1, p, r)),
+           (GatherFromCopyTo(comm, 1, 5), chunk(g, 1, p, r)),
+           (ReduceFrom(comm), g)]
+    for op, x in ops:
+        op.forward(x)  # warm up: scratch buffers are allocated once
+        op.adjoint(op.forward(x))
+    tracemalloc.start()
+    try:
+        for _ in range(100):  # let Python's and NumPy's own caches settle while traced
+            for op, x in ops:
+                op.adjoint(op.forward(x))
+        start, _ = tracemalloc.get_traced_memory()
+        for _ in range(1000):
+            for op, x in ops:
+                op.adjoint(op.forward(x))
+        current, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert current - start < 16 * 1024, f"memory grew by {current - start} bytes over 1000 calls"
+
+
+def test_size_one_communicator_makes_no_mpi_call(rng, monkeypatch):
+    from mpisphere import collectives
+    calls = []
+    for name in ("alltoallv", "allgatherv", "reduce_scatter", "allreduce"):
+        monkeypatch.setattr(collectives, name, lambda *a, _n=name, **k: calls.append(_n))
+    comm = MPI.COMM_SELF
+    g = rng.standard_normal((3, 4))
+    for op in (Transpose(comm, (0, 1), (3, 4)), GatherFrom(comm, 1, 4), ReduceScatter(comm, 0, 3),
+               GatherFromCopyTo(comm, 0, 3), ReduceFrom(comm), CopyTo(comm), ScatterTo(comm, 0, 3)):
+        numpy.testing.assert_array_equal(op.forward(g), g)
+        numpy.testing.assert_array_equal(op.adjoint(g), g)
+    assert calls == []
