@@ -18,6 +18,8 @@ from .primitives import (
     ReduceScatter,
     GatherFromCopyTo,
 )
+from .halo import HaloExchange
+from .quadrature import latitudes, latitude_support_band, polar_halo_radius
 from .backend import select_device
 
 __version__ = "0.1.0"
@@ -43,5 +45,9 @@ __all__ = [
     "GatherFrom",
     "ReduceScatter",
     "GatherFromCopyTo",
+    "HaloExchange",
+    "latitudes",
+    "latitude_support_band",
+    "polar_halo_radius",
     "select_device",
 ]

@@ -348,23 +348,26 @@ def sendrecv(comm, send, dest, recv, source, *, sendtag=0, recvtag=0, send_type=
              workspace=None):
     """``MPI_Sendrecv``; ``dest``/``source`` may be ``MPI.PROC_NULL``.
 
-    With ``send_type``/``recv_type`` (committed derived datatypes) the whole
-    array is the base buffer and one element of the type is moved, so strided
-    halo blocks travel without packing (host buffers only). Without them the
-    flat arrays move as they are.
+    A side given a datatype (``send_type``/``recv_type``: a committed derived
+    datatype such as :func:`subarray_type`) moves one element of it with the
+    whole array as the base buffer, so a strided halo block travels without
+    packing; that side must be a host array. A side without one moves its
+    flat array as it is, staged through host memory when needed.
     """
-    if send_type is not None or recv_type is not None:
-        _prepare(send)
-        _prepare(recv)
-        comm.Sendrecv([send, 1, send_type], dest, sendtag, [recv, 1, recv_type], source, recvtag)
-        return
-    dtype = _dtype_of(send, None)
-    datatype = mpi_type(dtype)
     staged = _Staged(comm, workspace)
-    s = staged.send("sr-send", send, dtype, _count_of(send, None))
-    r = staged.recv("sr-recv", recv, dtype, _count_of(recv, None))
-    comm.Sendrecv([s, _count_of(send, None), datatype], dest, sendtag,
-                  [r, _count_of(recv, None), datatype], source, recvtag)
+    if send_type is None:
+        count = _count_of(send, None)
+        message = [staged.send("sr-send", send, _dtype_of(send, None), count), count, mpi_type(_dtype_of(send, None))]
+    else:
+        _prepare(send)
+        message = [send, 1, send_type]
+    if recv_type is None:
+        count = _count_of(recv, None)
+        target = [staged.recv("sr-recv", recv, _dtype_of(recv, None), count), count, mpi_type(_dtype_of(recv, None))]
+    else:
+        _prepare(recv)
+        target = [recv, 1, recv_type]
+    comm.Sendrecv(message, dest, sendtag, target, source, recvtag)
     staged.finish()
 
 

@@ -17,7 +17,7 @@ pair of its real and imaginary parts.
 
 import numpy
 
-from . import collectives
+from . import backend, collectives
 from .settings import config
 
 __all__ = [
@@ -28,6 +28,7 @@ __all__ = [
     "inner",
     "dottest",
     "check_input",
+    "output_array",
 ]
 
 DISTRIBUTED = "distributed"
@@ -98,6 +99,27 @@ def check_input(comm, who, error, meta):
     if error is not None:
         cls, text = error
         raise cls(f"{who}: rank {comm.Get_rank()} of {comm.Get_size()}: {text}")
+
+
+def output_array(who, comm, like, out, shape, dtype=None):
+    """``out`` checked against ``shape``/``dtype``, or a new array beside ``like``.
+
+    A new array comes from ``like``'s module (NumPy or CuPy) on its device.
+    A given ``out`` must match exactly, live in the same module and not
+    overlap ``like``.
+    """
+    dtype = like.dtype if dtype is None else numpy.dtype(dtype)
+    if out is None:
+        xp = backend.array_module(like)
+        with backend.device_of(like):
+            return xp.empty(shape, dtype=dtype)
+    backend.array_module(like, out)  # TypeError when host and device are mixed
+    if tuple(out.shape) != tuple(shape) or out.dtype != dtype:
+        raise ValueError(f"{who}: rank {comm.Get_rank()}: out has shape {tuple(out.shape)} {out.dtype}, "
+                         f"expected {tuple(shape)} {numpy.dtype(dtype)}")
+    if numpy.may_share_memory(out, like):
+        raise ValueError(f"{who}: rank {comm.Get_rank()}: out overlaps the input; pass a separate array")
+    return out
 
 
 class LinearOperator:

@@ -32,7 +32,7 @@ import numpy
 from mpi4py import MPI
 
 from . import backend, collectives
-from .operators import DISTRIBUTED, REPLICATED, Layout, LinearOperator, check_input
+from .operators import DISTRIBUTED, REPLICATED, Layout, LinearOperator, check_input, output_array
 from .partition import normalize_axis, offsets_of, split_sizes
 
 __all__ = [
@@ -82,22 +82,6 @@ def _prod(values):
 def _along(axis, index, ndim=None):
     """Index tuple selecting ``index`` (a slice) along ``axis``."""
     return (slice(None),) * axis + (index,)
-
-
-def _out_array(who, comm, like, out, shape, dtype=None):
-    """``out`` validated for ``shape``, or a new array in ``like``'s module and device."""
-    dtype = like.dtype if dtype is None else dtype
-    if out is None:
-        xp = backend.array_module(like)
-        with backend.device_of(like):
-            return xp.empty(shape, dtype=dtype)
-    backend.array_module(like, out)  # TypeError when host and device are mixed
-    if tuple(out.shape) != tuple(shape) or out.dtype != dtype:
-        raise ValueError(f"{who}: rank {comm.Get_rank()}: out has shape {tuple(out.shape)} {out.dtype}, "
-                         f"expected {tuple(shape)} {numpy.dtype(dtype)}")
-    if numpy.may_share_memory(out, like):
-        raise ValueError(f"{who}: rank {comm.Get_rank()}: out overlaps the input; pass a separate array")
-    return out
 
 
 def _is_c_contiguous(a):
@@ -176,14 +160,14 @@ class _SplitAxisOperator(_CommunicatorOperator):
     def _keep_chunk(self, x, axis, out):
         """Copy this rank's chunk of ``x`` (whole along ``axis``)."""
         sl = _along(axis, slice(self.offsets[self.rank], self.offsets[self.rank] + self.sizes[self.rank]))
-        out = _out_array(self.name, self.comm, x, out, self._chunk_shape(x.shape, axis, self.rank))
+        out = output_array(self.name, self.comm, x, out, self._chunk_shape(x.shape, axis, self.rank))
         out[...] = x[sl]
         return out
 
     def _allgather(self, x, axis, out):
         """Allgatherv of the chunks along ``axis`` into the whole array."""
         shape = self._whole_shape(x.shape, axis)
-        out = _out_array(self.name, self.comm, x, out, shape)
+        out = output_array(self.name, self.comm, x, out, shape)
         if self.size == 1:
             out[...] = x
             return out
@@ -207,7 +191,7 @@ class _SplitAxisOperator(_CommunicatorOperator):
     def _reduce_scatter(self, x, axis, out):
         """Sum ``x`` (whole along ``axis``) over the ranks, keep this rank's chunk."""
         shape = self._chunk_shape(x.shape, axis, self.rank)
-        out = _out_array(self.name, self.comm, x, out, shape)
+        out = output_array(self.name, self.comm, x, out, shape)
         if self.size == 1:
             out[...] = x
             return out
@@ -239,13 +223,13 @@ class _SumOverRanks(_CommunicatorOperator):
 
     def _copy(self, who, x, out):
         self._validate(who, x)
-        out = _out_array(self.name, self.comm, x, out, x.shape)
+        out = output_array(self.name, self.comm, x, out, x.shape)
         out[...] = x
         return out
 
     def _sum(self, who, x, out):
         self._validate(who, x)
-        out = _out_array(self.name, self.comm, x, out, x.shape)
+        out = output_array(self.name, self.comm, x, out, x.shape)
         if self.size == 1:
             out[...] = x
             return out
@@ -464,7 +448,7 @@ class Transpose(_CommunicatorOperator):
         out_shape = list(x.shape)
         out_shape[s] = s_sizes[rank]
         out_shape[g] = n_gather
-        out = _out_array("Transpose", self.comm, x, out, tuple(out_shape))
+        out = output_array("Transpose", self.comm, x, out, tuple(out_shape))
 
         def send_block(q):  # what rank q receives from x: its chunk along s
             return x[_along(s, slice(s_offs[q], s_offs[q] + s_sizes[q]))]

@@ -1,0 +1,233 @@
+"""HaloExchange on every grid: against a padded global field, adjoints, corners, bad input."""
+
+import numpy
+import pytest
+from mpi4py import MPI
+
+from mpisphere import config, dottest
+from mpisphere.halo import HaloExchange
+
+from helpers import random_array, rank_rng
+
+pytestmark = pytest.mark.mpi
+
+NLAT, NLON = 13, 10  # uneven on 2 and 3 ranks both ways
+
+
+def padded_reference(field, rows, cols):
+    """The global field with zero rows past the poles and periodic longitude columns."""
+    nlat, nlon = field.shape[-2:]
+    out = numpy.zeros(field.shape[:-2] + (nlat + 2 * rows, nlon + 2 * cols), field.dtype)
+    columns = (numpy.arange(nlon + 2 * cols) - cols) % nlon
+    out[..., rows:rows + nlat, :] = field[..., :, columns]
+    return out
+
+
+def expected_tile(grid, field, rows, cols):
+    lat, lon = grid.local_slices(*field.shape[-2:])
+    return padded_reference(field, rows, cols)[..., lat.start:lat.stop + 2 * rows, lon.start:lon.stop + 2 * cols]
+
+
+@pytest.mark.parametrize("rows", [0, 1, 3])
+@pytest.mark.parametrize("cols", [0, 2])
+@pytest.mark.parametrize("dtype", [numpy.float64, numpy.complex128, numpy.float32])
+@pytest.mark.parametrize("lead", [(), (2, 3)], ids=str)
+@pytest.mark.parametrize("extents", [True, False], ids=["extents", "no-extents"])
+def test_forward_matches_padded_global_field(grid, rng, rows, cols, dtype, lead, extents):
+    field = random_array(rng, lead + (NLAT, NLON), dtype)
+    lat, lon = grid.local_slices(NLAT, NLON)
+    x = field[..., lat, lon].copy()
+    op = HaloExchange(grid, rows, cols, extents=(NLAT, NLON) if extents else None)
+    y = op.forward(x)
+    numpy.testing.assert_array_equal(y, expected_tile(grid, field, rows, cols))
+    assert y.dtype == x.dtype
+
+
+@pytest.mark.parametrize("rows", [0, 1, 3])
+@pytest.mark.parametrize("cols", [0, 2])
+@pytest.mark.parametrize("dtype", [numpy.float64, numpy.complex128])
+def test_dottest(grid, rows, cols, dtype):
+    op = HaloExchange(grid, rows, cols, extents=(NLAT, NLON))
+    h, w = grid.local_shape(NLAT, NLON)
+    local = rank_rng(grid.cart)
+    x = random_array(local, (3, h, w), dtype)
+    y = random_array(local, (3, h + 2 * rows, w + 2 * cols), dtype)
+    assert dottest(op, x, y, rtol=1e-13) <= 1e-13
+
+
+@pytest.mark.parametrize("rows, cols", [(1, 2), (3, 0), (0, 2), (2, 3)])
+def test_update_and_accumulate_in_place(grid, rng, rows, cols):
+    field = rng.standard_normal((2, NLAT, NLON))
+    lat, lon = grid.local_slices(NLAT, NLON)
+    h, w = lat.stop - lat.start, lon.stop - lon.start
+    op = HaloExchange(grid, rows, cols, extents=(NLAT, NLON))
+    local = rank_rng(grid.cart)
+    padded = local.standard_normal((2, h + 2 * rows, w + 2 * cols))  # garbage in the halo
+    padded[..., rows:rows + h, cols:cols + w] = field[..., lat, lon]
+    interior_before = padded[..., rows:rows + h, cols:cols + w].copy()
+    address = padded.__array_interface__["data"][0]
+    assert op.update(padded) is padded
+    assert padded.__array_interface__["data"][0] == address
+    numpy.testing.assert_array_equal(padded, expected_tile(grid, field, rows, cols))
+    numpy.testing.assert_array_equal(padded[..., rows:rows + h, cols:cols + w], interior_before)
+
+    # update ignores the old halo; accumulate is its adjoint: <update(P), Q> == <P, accumulate(Q)>
+    p_arr = local.standard_normal(padded.shape)
+    q_arr = local.standard_normal(padded.shape)
+    up = op.update(p_arr.copy())
+    acc = op.accumulate(q_arr.copy())
+    lhs = grid.cart.allreduce(float(numpy.vdot(up, q_arr)))
+    rhs = grid.cart.allreduce(float(numpy.vdot(p_arr, acc)))
+    assert abs(lhs - rhs) <= 1e-13 * max(abs(lhs), abs(rhs))
+    # accumulate leaves a zero halo and the interior equal to the adjoint
+    interior = (Ellipsis, slice(rows, rows + h), slice(cols, cols + w))
+    halo = numpy.ones(padded.shape, bool)
+    halo[interior] = False
+    assert not acc[halo].any()
+    numpy.testing.assert_array_equal(acc[interior], op.adjoint(q_arr))
+
+
+@pytest.mark.parametrize("force_staging", [False, True], ids=["datatypes", "packed"])
+def test_packed_and_datatype_paths_agree(grid, rng, force_staging):
+    field = rng.standard_normal((3, NLAT, NLON))
+    lat, lon = grid.local_slices(NLAT, NLON)
+    op = HaloExchange(grid, 2, 2, extents=(NLAT, NLON))
+    with config.override(force_staging=force_staging):
+        y = op.forward(field[..., lat, lon])
+        numpy.testing.assert_array_equal(y, expected_tile(grid, field, 2, 2))
+        local = rank_rng(grid.cart)
+        assert dottest(op, local.standard_normal(field[..., lat, lon].shape), local.standard_normal(y.shape)) <= 1e-13
+
+
+def test_non_contiguous_tile(grid, rng):
+    field = rng.standard_normal((NLAT, NLON, 2)).transpose(2, 0, 1)  # (2, NLAT, NLON), strided
+    lat, lon = grid.local_slices(NLAT, NLON)
+    op = HaloExchange(grid, 1, 1)
+    numpy.testing.assert_array_equal(op.forward(field[..., lat, lon]), expected_tile(grid, field, 1, 1))
+    padded = numpy.asfortranarray(expected_tile(grid, field, 1, 1) * 0)
+    padded[..., 1:-1, 1:-1] = field[..., lat, lon]
+    op.update(padded)  # not C-contiguous: the packed path
+    numpy.testing.assert_array_equal(padded, expected_tile(grid, field, 1, 1))
+
+
+@pytest.mark.mpi(min_size=6)
+def test_corners_on_a_3x2_grid(comm):
+    """Each corner block is the diagonal neighbour's data (periodic in longitude, zero past the poles)."""
+    from mpisphere import ProcessGrid
+    nlat, nlon, rows, cols = 9, 6, 2, 2
+    with ProcessGrid(comm, 3, 2) as grid:
+        field = numpy.arange(nlat * nlon, dtype=float).reshape(nlat, nlon) + 1.0  # no zeros in the data
+        lat, lon = grid.local_slices(nlat, nlon)
+        y = HaloExchange(grid, rows, cols, extents=(nlat, nlon)).forward(field[lat, lon])
+        h, w = lat.stop - lat.start, lon.stop - lon.start
+        west, east = grid.azimuth_neighbors
+        north, south = grid.polar_neighbors
+        corners = {"nw": (y[:rows, :cols], north, west, "last", "last"),
+                   "ne": (y[:rows, cols + w:], north, east, "last", "first"),
+                   "sw": (y[rows + h:, :cols], south, west, "first", "last"),
+                   "se": (y[rows + h:, cols + w:], south, east, "first", "first")}
+        for name, (block, polar_nb, azimuth_nb, which_rows, which_cols) in corners.items():
+            if polar_nb == MPI.PROC_NULL:
+                assert not block.any(), f"{name} corner past a pole must be zero"
+                continue
+            owner = polar_nb * grid.nazimuth + azimuth_nb
+            olat, olon = grid.tile_slices(nlat, nlon, owner)
+            tile = field[olat, olon]
+            rsel = slice(-rows, None) if which_rows == "last" else slice(0, rows)
+            csel = slice(-cols, None) if which_cols == "last" else slice(0, cols)
+            numpy.testing.assert_array_equal(block, tile[rsel, csel], err_msg=f"{name} corner of rank {grid.rank}")
+        # the middle row has neighbours on both sides: all four corners are real data
+        if grid.polar_rank == 1:
+            assert all(c[0].all() for c in corners.values())
+
+
+def test_zero_width_posts_no_message(grid, rng, monkeypatch):
+    from mpisphere import collectives
+    seen = []
+    real = collectives.sendrecv
+
+    def spy(comm, *args, **kwargs):
+        seen.append(comm)
+        return real(comm, *args, **kwargs)
+
+    monkeypatch.setattr(collectives, "sendrecv", spy)
+    h, w = grid.local_shape(NLAT, NLON)
+    x = rng.standard_normal((h, w))
+    numpy.testing.assert_array_equal(HaloExchange(grid, 0, 0).forward(x), x)
+    numpy.testing.assert_array_equal(HaloExchange(grid, 0, 0).adjoint(x), x)
+    assert seen == []
+    HaloExchange(grid, 0, 2).forward(x)
+    assert all(c is grid.azimuth for c in seen)
+    assert len(seen) == (0 if grid.nazimuth == 1 else 2)  # a one-rank ring wraps locally
+    seen.clear()
+    HaloExchange(grid, 2, 0).forward(x)
+    assert all(c is grid.polar for c in seen) and len(seen) == (0 if grid.npolar == 1 else 2)
+
+
+def test_halo_wider_than_smallest_tile_is_an_error_before_any_message(grid):
+    lat_sizes, lon_sizes = grid.lat_sizes(NLAT), grid.lon_sizes(NLON)
+    if grid.npolar > 1:
+        with pytest.raises(ValueError, match=rf"a halo of {min(lat_sizes) + 1} rows is wider than the smallest polar "
+                                             rf"tile \({min(lat_sizes)} rows; nlat={NLAT} split over {grid.npolar}.*"
+                                             rf"use at most {min(lat_sizes)} halo rows"):
+            HaloExchange(grid, min(lat_sizes) + 1, extents=(NLAT, NLON))
+    else:  # a single polar rank: any number of rows, all zero past the poles
+        HaloExchange(grid, NLAT + 3, extents=(NLAT, NLON))
+    if grid.nazimuth > 1:
+        with pytest.raises(ValueError, match=rf"a halo of {min(lon_sizes) + 1} columns is wider than the smallest "
+                                             rf"azimuth tile \({min(lon_sizes)} columns"):
+            HaloExchange(grid, 0, min(lon_sizes) + 1, extents=(NLAT, NLON))
+    else:
+        with pytest.raises(ValueError, match=rf"a halo of {NLON + 1} columns is wider than the whole ring of {NLON}"):
+            HaloExchange(grid, 0, NLON + 1, extents=(NLAT, NLON))
+
+
+def test_halo_wider_than_every_tile_fails_on_every_rank_without_extents(grid):
+    h, w = grid.local_shape(NLAT, NLON)
+    x = numpy.zeros((h, w))
+    with pytest.raises(ValueError, match=rf"HaloExchange.forward: rank {grid.rank} of {grid.size}: a halo of {NLON + 1} "
+                                         "columns is wider than"):
+        HaloExchange(grid, 0, NLON + 1).forward(x)  # wider than any tile: every rank raises, none waits
+
+
+def test_single_rank_ring_wraps_onto_itself(comm, rng):
+    from mpisphere import ProcessGrid
+    with ProcessGrid(comm, comm.Get_size(), 1) as grid:
+        nlat = max(NLAT, 2 * grid.npolar)
+        field = rng.standard_normal((nlat, 5))
+        lat, lon = grid.local_slices(nlat, 5)
+        op = HaloExchange(grid, 1, 5, extents=(nlat, 5))  # the whole ring on each side
+        numpy.testing.assert_array_equal(op.forward(field[lat, lon]), expected_tile(grid, field, 1, 5))
+        local = rank_rng(comm)
+        assert dottest(op, local.standard_normal((lat.stop - lat.start, 5)),
+                       local.standard_normal((lat.stop - lat.start + 2, 15))) <= 1e-13
+
+
+def test_wrong_tile_shape_with_extents(grid):
+    h, w = grid.local_shape(NLAT, NLON)
+    op = HaloExchange(grid, 1, 1, extents=(NLAT, NLON))
+    with pytest.raises(ValueError, match=rf"rank {grid.rank} of {grid.size}: expected a tile of \({h}, {w}\).*got "
+                                         rf"\({h}, {w + 1}\)"):
+        op.forward(numpy.zeros((h, w + 1)))
+    with pytest.raises(ValueError, match=rf"expected a padded tile of \({h + 2}, {w + 2}\)"):
+        op.update(numpy.zeros((h, w)))
+    with pytest.raises(TypeError, match="at least 2 axes"):
+        op.forward(numpy.zeros(4))
+    with pytest.raises(TypeError, match="unsupported dtype int64"):
+        op.forward(numpy.zeros((h, w), numpy.int64))
+
+
+def test_bad_widths(grid):
+    with pytest.raises(ValueError, match="rows must be non-negative, got rows=-1"):
+        HaloExchange(grid, -1)
+    with pytest.raises(TypeError, match="cols must be a non-negative integer"):
+        HaloExchange(grid, 1, 1.5)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_debug_mode_catches_a_rank_with_another_batch(grid):
+    h, w = grid.local_shape(NLAT, NLON)
+    x = numpy.zeros((2 + (grid.rank == 1), h, w))
+    with config.override(debug=True):
+        with pytest.raises(ValueError, match="inputs disagree across ranks"):
+            HaloExchange(grid, 1, 1).forward(x)
