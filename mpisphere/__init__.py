@@ -20,6 +20,7 @@ from .primitives import (
 )
 from .halo import HaloExchange
 from .quadrature import latitudes, latitude_support_band, polar_halo_radius
+from .sht import DistributedRealSHT, DistributedInverseRealSHT
 from .backend import select_device
 
 __version__ = "0.1.0"
@@ -49,5 +50,7 @@ __all__ = [
     "latitudes",
     "latitude_support_band",
     "polar_halo_radius",
+    "DistributedRealSHT",
+    "DistributedInverseRealSHT",
     "select_device",
 ]

@@ -1,0 +1,342 @@
+"""Distributed SHT: against a serial reference built on scipy.special, round trips, adjoints."""
+
+import numpy
+import pytest
+from mpi4py import MPI
+
+import mpisphere
+from mpisphere import DistributedInverseRealSHT, DistributedRealSHT, ProcessGrid, config, dottest
+from mpisphere.partition import chunk_slice
+from mpisphere.quadrature import latitudes
+
+from helpers import random_array, rank_rng
+
+pytestmark = pytest.mark.mpi
+
+special = pytest.importorskip("scipy.special")
+
+QUADRATURES = ["equiangular", "legendre-gauss", "lobatto"]
+NORMS = ["ortho", "schmidt", "four-pi"]
+
+
+# --- serial reference (independent of mpisphere.legendre) -------------------------------
+
+def reference_table(lmax, mmax, theta, norm, csphase, inverse):
+    """P[m, l, k] from scipy's orthonormal harmonics, scaled as torch-harmonics scales them."""
+    table = numpy.zeros((mmax, lmax, len(theta)))
+    for m in range(min(mmax, lmax)):
+        for l in range(m, lmax):
+            table[m, l] = special.sph_harm_y(l, m, theta, 0.0).real  # includes (-1)^m
+            if not csphase and m % 2:
+                table[m, l] *= -1
+    if norm != "ortho":
+        factor = numpy.sqrt(4 * numpy.pi) * numpy.ones(lmax)
+        if norm == "schmidt":
+            factor /= numpy.sqrt(2 * numpy.arange(lmax) + 1)
+        table *= (1 / factor if inverse else factor)[None, :, None]
+    return table
+
+
+def reference_forward(field, lmax, mmax, quadrature, norm="ortho", csphase=True):
+    nlat = field.shape[-2]
+    theta, w = latitudes(nlat, quadrature)
+    spectrum = 2 * numpy.pi * numpy.fft.rfft(field, axis=-1, norm="forward")[..., :mmax]
+    table = reference_table(lmax, mmax, theta, norm, csphase, inverse=False)
+    return numpy.einsum("mlk,k,...km->...lm", table, w, spectrum)
+
+
+def reference_inverse(coeffs, nlat, nlon, quadrature, norm="ortho", csphase=True):
+    lmax, mmax = coeffs.shape[-2:]
+    theta, _ = latitudes(nlat, quadrature)
+    table = reference_table(lmax, mmax, theta, norm, csphase, inverse=True)
+    spectrum = numpy.einsum("mlk,...lm->...km", table, coeffs)
+    padded = numpy.zeros(spectrum.shape[:-1] + (nlon // 2 + 1,), complex)
+    padded[..., :mmax] = spectrum
+    return numpy.fft.irfft(padded, n=nlon, axis=-1, norm="forward")
+
+
+def band_limited_coefficients(rng, shape, lmax, mmax, nlon):
+    """Random coefficients of a real field: triangular, real at m = 0 (and at m = nlon/2)."""
+    c = rng.standard_normal(shape + (lmax, mmax)) + 1j * rng.standard_normal(shape + (lmax, mmax))
+    c *= numpy.tril(numpy.ones((lmax, mmax)))
+    c[..., 0] = c[..., 0].real
+    if nlon % 2 == 0 and mmax > nlon // 2:
+        c[..., nlon // 2] = c[..., nlon // 2].real
+    return c
+
+
+def exact_lmax(nlat, quadrature):
+    """Largest truncation whose products the rule integrates exactly (the round trip is then exact)."""
+    degree = mpisphere.quadrature.exact_degree(nlat, quadrature)
+    return degree // 2 + 1
+
+
+def block(c, grid, lmax, mmax):
+    return c[..., chunk_slice(lmax, grid.npolar, grid.polar_rank), chunk_slice(mmax, grid.nazimuth, grid.azimuth_rank)]
+
+
+def tile(f, grid):
+    lat, lon = grid.local_slices(*f.shape[-2:])
+    return f[..., lat, lon]
+
+
+# --- forward and inverse against the reference ------------------------------------------
+
+@pytest.mark.parametrize("quadrature", QUADRATURES)
+@pytest.mark.parametrize("norm", NORMS)
+@pytest.mark.parametrize("csphase", [True, False])
+def test_forward_and_inverse_match_reference(grid, rng, quadrature, norm, csphase):
+    nlat, nlon = 17, 32  # uneven over 2 and 3 polar ranks
+    lmax, mmax = mpisphere.sht.default_truncation(nlat, nlon, quadrature)
+    field = rng.standard_normal((2, nlat, nlon))
+    sht = DistributedRealSHT(grid, nlat, nlon, quadrature=quadrature, norm=norm, csphase=csphase)
+    isht = DistributedInverseRealSHT(grid, nlat, nlon, quadrature=quadrature, norm=norm, csphase=csphase)
+    assert (sht.lmax, sht.mmax) == (lmax, mmax)
+    c = sht.forward(tile(field, grid))
+    expected = reference_forward(field, lmax, mmax, quadrature, norm, csphase)
+    numpy.testing.assert_allclose(c, block(expected, grid, lmax, mmax), rtol=0, atol=1e-12 * abs(expected).max())
+    coeffs = rng.standard_normal((2, lmax, mmax)) + 1j * rng.standard_normal((2, lmax, mmax))
+    x = isht.forward(block(coeffs, grid, lmax, mmax))
+    expected = reference_inverse(coeffs, nlat, nlon, quadrature, norm, csphase)
+    numpy.testing.assert_allclose(x, tile(expected, grid), rtol=0, atol=1e-12 * abs(expected).max())
+
+
+@pytest.mark.parametrize("quadrature", QUADRATURES)
+def test_round_trip_of_band_limited_fields(grid, rng, quadrature):
+    nlat, nlon = 21, 40
+    lmax = mmax = exact_lmax(nlat, quadrature)
+    coeffs = band_limited_coefficients(rng, (3,), lmax, mmax, nlon)
+    field = reference_inverse(coeffs, nlat, nlon, quadrature)
+    sht = DistributedRealSHT(grid, nlat, nlon, lmax=lmax, mmax=mmax, quadrature=quadrature)
+    isht = DistributedInverseRealSHT(grid, nlat, nlon, lmax=lmax, mmax=mmax, quadrature=quadrature)
+    c = sht.forward(tile(field, grid))
+    numpy.testing.assert_allclose(c, block(coeffs, grid, lmax, mmax), rtol=0, atol=1e-12)
+    back = isht.forward(c)
+    numpy.testing.assert_allclose(back, tile(field, grid), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("quadrature", ["legendre-gauss", "lobatto"])
+def test_round_trip_at_default_truncation_on_gauss_like_grids(grid, rng, quadrature):
+    """At the default truncation the Gauss and Lobatto round trips are exact.
+
+    (On the equiangular grid the default lmax = nlat is beyond what its rule
+    integrates exactly; exact round trips there need lmax <= (nlat + 1) / 2,
+    tested above.)
+    """
+    nlat, nlon = 33, 64
+    sht = DistributedRealSHT(grid, nlat, nlon, quadrature=quadrature)
+    isht = DistributedInverseRealSHT(grid, nlat, nlon, quadrature=quadrature)
+    lmax, mmax = sht.lmax, sht.mmax
+    coeffs = band_limited_coefficients(rng, (2,), lmax, mmax, nlon)
+    field = reference_inverse(coeffs, nlat, nlon, quadrature)
+    x = isht.forward(block(coeffs, grid, lmax, mmax))
+    numpy.testing.assert_allclose(x, tile(field, grid), atol=1e-12)
+    numpy.testing.assert_allclose(isht.forward(sht.forward(x)), x, atol=1e-12)
+
+
+@pytest.mark.parametrize("lead", [(), (1,), (2, 3)], ids=str)
+def test_analytic_harmonics_are_unit_vectors(grid, lead):
+    """Fields built from scipy.special.sph_harm_y come out as unit coefficient vectors.
+
+    With an empty or unit batch the batch is smaller than the group sizes (padded inside).
+    """
+    nlat, nlon = 25, 48
+    theta, _ = latitudes(nlat, "legendre-gauss")
+    phi = 2 * numpy.pi * numpy.arange(nlon) / nlon
+    lmax, mmax = 20, 20
+    modes = [(0, 0), (3, 0), (5, 2), (7, 7), (12, 5), (19, 19), (19, 1)]
+    count = int(numpy.prod(lead)) if lead else 1
+    fields, expected = [], numpy.zeros((count, lmax, mmax), complex)
+    for i in range(count):
+        l, m = modes[i % len(modes)]
+        y = special.sph_harm_y(l, m, theta[:, None], phi[None, :])
+        fields.append(y.real if m == 0 else 2 * y.real)  # c e^{im phi} + conj, with c = 1
+        expected[i, l, m] = 1.0
+    field = numpy.array(fields).reshape(lead + (nlat, nlon))
+    expected = expected.reshape(lead + (lmax, mmax))
+    sht = DistributedRealSHT(grid, nlat, nlon, lmax=lmax, mmax=mmax, quadrature="legendre-gauss")
+    c = sht.forward(tile(field, grid))
+    assert c.shape == lead + sht.block_shape
+    numpy.testing.assert_allclose(c, block(expected, grid, lmax, mmax), rtol=0, atol=1e-12)
+
+
+def test_every_grid_equals_the_single_rank_result(grid, rng):
+    nlat, nlon = 29, 50
+    field = rng.standard_normal((4, nlat, nlon))
+    coeffs = rng.standard_normal((4, nlat, nlon // 2 + 1)) * (1 + 0j)
+    with ProcessGrid(MPI.COMM_SELF) as serial:
+        c_serial = DistributedRealSHT(serial, nlat, nlon).forward(field)
+        x_serial = DistributedInverseRealSHT(serial, nlat, nlon).forward(coeffs)
+    sht = DistributedRealSHT(grid, nlat, nlon)
+    isht = DistributedInverseRealSHT(grid, nlat, nlon)
+    c = sht.forward(tile(field, grid))
+    x = isht.forward(block(coeffs, grid, sht.lmax, sht.mmax))
+    # reassemble the blocks on every rank and compare with the 1x1 result
+    c_all = grid.cart.allgather(c)
+    x_all = grid.cart.allgather(x)
+    c_full = numpy.zeros_like(c_serial)
+    x_full = numpy.zeros_like(x_serial)
+    for r in range(grid.size):
+        p, a = divmod(r, grid.nazimuth)
+        c_full[..., chunk_slice(sht.lmax, grid.npolar, p), chunk_slice(sht.mmax, grid.nazimuth, a)] = c_all[r]
+        lat, lon = grid.tile_slices(nlat, nlon, r)
+        x_full[..., lat, lon] = x_all[r]
+    numpy.testing.assert_allclose(c_full, c_serial, rtol=0, atol=1e-12 * abs(c_serial).max())
+    numpy.testing.assert_allclose(x_full, x_serial, rtol=0, atol=1e-12 * abs(x_serial).max())
+
+
+# --- adjoints ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("quadrature", QUADRATURES)
+@pytest.mark.parametrize("norm", ["ortho", "schmidt"])
+@pytest.mark.parametrize("nlon", [32, 33])
+def test_dottest(grid, quadrature, norm, nlon):
+    nlat = 19
+    sht = DistributedRealSHT(grid, nlat, nlon, quadrature=quadrature, norm=norm)
+    isht = DistributedInverseRealSHT(grid, nlat, nlon, quadrature=quadrature, norm=norm)
+    local = rank_rng(grid.cart)
+    x = local.standard_normal((3,) + sht.tile_shape)
+    c = random_array(local, (3,) + sht.block_shape, numpy.complex128)
+    assert dottest(sht, x, c, rtol=1e-12) <= 1e-12
+    assert dottest(isht, c, x, rtol=1e-12) <= 1e-12
+    assert dottest(sht.H, c, x, rtol=1e-12) <= 1e-12
+
+
+def test_adjoint_is_not_the_inverse(grid, rng):
+    nlat, nlon = 17, 32
+    sht = DistributedRealSHT(grid, nlat, nlon)
+    isht = DistributedInverseRealSHT(grid, nlat, nlon)
+    c = block(band_limited_coefficients(rng, (), sht.lmax, sht.mmax, nlon), grid, sht.lmax, sht.mmax)
+    difference = grid.cart.allreduce(float(abs(sht.adjoint(c) - isht.forward(c)).max()), op=MPI.MAX)
+    assert difference > 1e-3
+
+
+def test_float32(grid, rng):
+    nlat, nlon = 17, 32
+    sht = DistributedRealSHT(grid, nlat, nlon, dtype=numpy.float32)
+    isht = DistributedInverseRealSHT(grid, nlat, nlon, dtype=numpy.float32)
+    field = rng.standard_normal((2, nlat, nlon))
+    c = sht.forward(tile(field, grid).astype(numpy.float32))
+    assert c.dtype == numpy.complex64
+    expected = reference_forward(field, sht.lmax, sht.mmax, "equiangular")
+    numpy.testing.assert_allclose(c, block(expected, grid, sht.lmax, sht.mmax), atol=2e-5 * abs(expected).max())
+    x = isht.forward(c)
+    assert x.dtype == numpy.float32
+    local = rank_rng(grid.cart)
+    assert dottest(sht, local.standard_normal((2,) + sht.tile_shape).astype(numpy.float32),
+                   random_array(local, (2,) + sht.block_shape, numpy.complex64), rtol=1e-5) <= 1e-5
+
+
+@pytest.mark.parametrize("contraction", ["per-order", "batched"])
+def test_contraction_methods_agree(grid, rng, contraction):
+    """The batched contraction (CuPy's default) runs on NumPy too, and gives the same numbers."""
+    nlat, nlon = 23, 30
+    field = rng.standard_normal((3, nlat, nlon))
+    sht = DistributedRealSHT(grid, nlat, nlon, lmax=15, mmax=14, contraction=contraction)
+    isht = DistributedInverseRealSHT(grid, nlat, nlon, lmax=15, mmax=14, contraction=contraction)
+    expected = reference_forward(field, 15, 14, "equiangular")
+    c = sht.forward(tile(field, grid))
+    numpy.testing.assert_allclose(c, block(expected, grid, 15, 14), atol=1e-12 * abs(expected).max())
+    expected_x = reference_inverse(expected, nlat, nlon, "equiangular")
+    numpy.testing.assert_allclose(isht.forward(c), tile(expected_x, grid), atol=1e-12 * abs(expected_x).max())
+    local = rank_rng(grid.cart)
+    x = local.standard_normal((3,) + sht.tile_shape)
+    y = random_array(local, (3,) + sht.block_shape, numpy.complex128)
+    assert dottest(sht, x, y, rtol=1e-12) <= 1e-12
+    assert dottest(isht, y, x, rtol=1e-12) <= 1e-12
+
+
+def test_truncations_beyond_the_grid(grid, rng):
+    """mmax > lmax (orders with no degrees) and lmax > nlat both work and stay adjoint."""
+    nlat, nlon = 13, 40
+    for lmax, mmax in ((8, 21), (20, 10), (13, 21)):
+        if lmax < grid.npolar or mmax < grid.nazimuth:
+            continue
+        sht = DistributedRealSHT(grid, nlat, nlon, lmax=lmax, mmax=mmax)
+        field = rng.standard_normal((2, nlat, nlon))
+        expected = reference_forward(field, lmax, mmax, "equiangular")
+        numpy.testing.assert_allclose(sht.forward(tile(field, grid)), block(expected, grid, lmax, mmax),
+                                      atol=1e-12 * abs(expected).max())
+        local = rank_rng(grid.cart)
+        assert dottest(sht, local.standard_normal((2,) + sht.tile_shape),
+                       random_array(local, (2,) + sht.block_shape, numpy.complex128), rtol=1e-12) <= 1e-12
+
+
+def test_out_argument_and_inputs_untouched(grid, rng):
+    nlat, nlon = 17, 32
+    sht = DistributedRealSHT(grid, nlat, nlon)
+    x = rng.standard_normal((2,) + sht.tile_shape)
+    before = x.copy()
+    out = numpy.empty((2,) + sht.block_shape, numpy.complex128)
+    assert sht.forward(x, out=out) is out
+    numpy.testing.assert_array_equal(out, sht.forward(x))
+    numpy.testing.assert_array_equal(x, before)
+
+
+def test_tables_hold_only_this_ranks_orders(grid):
+    nlat, nlon = 33, 64
+    with ProcessGrid(MPI.COMM_SELF) as serial:
+        whole = DistributedRealSHT(serial, nlat, nlon).table_bytes()
+    mine = DistributedRealSHT(grid, nlat, nlon).table_bytes()
+    total = grid.azimuth.allreduce(mine)
+    assert total == whole  # the orders are partitioned, not replicated, along the azimuth ranks
+    if grid.nazimuth > 1:
+        assert mine < whole
+
+
+# --- bad input -------------------------------------------------------------------------------
+
+def test_tile_of_the_wrong_shape(grid):
+    sht = DistributedRealSHT(grid, 17, 32)
+    h, w = sht.tile_shape
+    with pytest.raises(ValueError, match=rf"DistributedRealSHT.forward: rank {grid.rank} of {grid.size}: expected a "
+                                         rf"tile of \({h}, {w}\) .* got \({h + 1}, {w}\)"):
+        sht.forward(numpy.zeros((2, h + 1, w)))
+    isht = DistributedInverseRealSHT(grid, 17, 32)
+    with pytest.raises(ValueError, match="expected a coefficient block of"):
+        isht.forward(numpy.zeros((2, 1, 1), complex))
+
+
+def test_real_input_to_the_inverse(grid):
+    isht = DistributedInverseRealSHT(grid, 17, 32)
+    with pytest.raises(TypeError, match=r"expected complex coefficients of dtype complex128, got float64 "
+                                        r"\(real input to the inverse transform\?\)"):
+        isht.forward(numpy.zeros(isht.block_shape))
+    sht = DistributedRealSHT(grid, 17, 32)
+    with pytest.raises(TypeError, match=r"complex input to the forward transform"):
+        sht.forward(numpy.zeros(sht.tile_shape, complex))
+    with pytest.raises(TypeError, match="expected real fields of dtype float64, got float32"):
+        sht.forward(numpy.zeros(sht.tile_shape, numpy.float32))
+
+
+@pytest.mark.mpi(min_size=2)
+def test_grid_finer_than_lmax(grid):
+    if grid.npolar > 1:
+        with pytest.raises(ValueError, match=rf"grid is finer than the transform: {grid.npolar} polar ranks cannot "
+                                             rf"split lmax={grid.npolar - 1}"):
+            DistributedRealSHT(grid, 17, 32, lmax=grid.npolar - 1)
+    if grid.nazimuth > 1:
+        with pytest.raises(ValueError, match=rf"{grid.nazimuth} azimuth ranks cannot split mmax=1"):
+            DistributedInverseRealSHT(grid, 17, 32, mmax=1)
+
+
+def test_bad_parameters(grid):
+    with pytest.raises(ValueError, match="mmax=18 exceeds the nlon // 2 \\+ 1 = 17"):
+        DistributedRealSHT(grid, 17, 32, mmax=18)
+    with pytest.raises(ValueError, match="unknown quadrature grid 'gaussian'"):
+        DistributedRealSHT(grid, 17, 32, quadrature="gaussian")
+    with pytest.raises(ValueError, match="unknown norm 'unit'"):
+        DistributedRealSHT(grid, 17, 32, norm="unit")
+    with pytest.raises(TypeError, match="dtype must be float32 or float64, got complex128"):
+        DistributedRealSHT(grid, 17, 32, dtype=numpy.complex128)
+    with pytest.raises(ValueError, match="lmax must be positive"):
+        DistributedRealSHT(grid, 17, 32, lmax=0)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_debug_mode_catches_different_batches(grid):
+    sht = DistributedRealSHT(grid, 17, 32)
+    x = numpy.zeros((2 + (grid.rank == 1),) + sht.tile_shape)
+    with config.override(debug=True):
+        with pytest.raises(ValueError, match="inputs disagree across ranks"):
+            sht.forward(x)
