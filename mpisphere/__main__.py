@@ -1,0 +1,94 @@
+"""``python -m mpisphere diagnose``: what MPI, which GPU path, and does it work.
+
+Prints the MPI library mpi4py loaded, the CUDA-aware decision and where it
+came from, and, when a GPU is visible and the decision is "CUDA-aware", tries
+one device-buffer ``Sendrecv`` in a child process: a library that wrongly
+claims CUDA support usually crashes on device pointers, and it is better that
+the child crashes here than a user's job later. Run it on one rank, on the
+kind of node the job will use (``srun -n 1 python -m mpisphere diagnose``).
+"""
+
+import argparse
+import subprocess
+import sys
+
+_DEVICE_PROBE = r"""
+import cupy
+from mpi4py import MPI
+comm = MPI.COMM_SELF
+send = cupy.arange(1024, dtype=cupy.float64)
+recv = cupy.zeros_like(send)
+cupy.cuda.get_current_stream().synchronize()
+comm.Sendrecv([send, MPI.DOUBLE], 0, 7, [recv, MPI.DOUBLE], 0, 7)
+assert bool((recv == send).all()), "received data differs"
+print("ok")
+"""
+
+
+def _device_probe(timeout):
+    try:
+        done = subprocess.run([sys.executable, "-c", _DEVICE_PROBE], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return False, f"the probe hung for {timeout} s"
+    if done.returncode == 0 and done.stdout.strip().endswith("ok"):
+        return True, "a device-buffer Sendrecv worked"
+    tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+    return False, f"the probe failed (exit {done.returncode}): " + " | ".join(tail)
+
+
+def diagnose(out=sys.stdout, probe_timeout=120):
+    """Print the report; returns the process exit status (0 when nothing is wrong)."""
+    import numpy
+    import mpi4py
+    from mpi4py import MPI
+
+    from . import __version__, backend, collectives
+    from .cuda_aware import mpi_library_path
+    from .settings import config
+
+    status = 0
+    write = out.write
+    write(f"mpisphere {__version__}, mpi4py {mpi4py.__version__}, numpy {numpy.__version__}, "
+          f"Python {sys.version.split()[0]}\n")
+    write(f"MPI library: {mpi_library_path() or 'unknown'}\n")
+    write(f"MPI version: {MPI.Get_library_version().splitlines()[0].strip()} "
+          f"(standard {'.'.join(map(str, MPI.Get_version()))})\n")
+    write(f"ranks in COMM_WORLD: {MPI.COMM_WORLD.Get_size()}\n")
+    try:
+        import cupy
+        devices = backend.visible_device_count()
+        write(f"CuPy {cupy.__version__}: {devices} visible CUDA device(s)\n")
+    except ImportError:
+        devices = 0
+        write("CuPy: not installed (host arrays only)\n")
+    aware, source = collectives.cuda_aware(MPI.COMM_WORLD)
+    write(f"CUDA-aware MPI: {'yes' if aware else 'no'} -- {source}\n")
+    write(f"path for device buffers: {collectives.describe_path(MPI.COMM_WORLD)}\n")
+    write(f"config: {config!r}\n")
+    if devices and aware:
+        ok, what = _device_probe(probe_timeout)
+        write(f"device-buffer probe: {what}\n")
+        if not ok:
+            write("  -> this MPI library does not handle device buffers: set MPISPHERE_CUDA_AWARE=0 to stage "
+                  "through host memory, or fix the MPI installation\n")
+            status = 1
+    elif devices:
+        write("device-buffer probe: skipped (staging through host memory is used, which always works)\n")
+    else:
+        write("device-buffer probe: skipped (no GPU)\n")
+    return status
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m mpisphere", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    cmd = sub.add_parser("diagnose", help="report the MPI library and the GPU buffer path")
+    cmd.add_argument("--probe-timeout", type=float, default=120, help="seconds for the device-buffer probe")
+    args = parser.parse_args(argv)
+    if args.command == "diagnose":
+        return diagnose(probe_timeout=args.probe_timeout)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
