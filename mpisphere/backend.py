@@ -46,6 +46,9 @@ __all__ = [
     "Workspace",
     "select_device",
     "import_cupy",
+    "copy_to_host",
+    "copy_from_host",
+    "wait",
 ]
 
 
@@ -199,16 +202,31 @@ def _import_cupyx():
     return cupyx
 
 
-def copy_to_host(src, dst):
-    """Copy array ``src`` (host or device) into the 1-D host array ``dst``, and wait.
+def copy_to_host(src, dst, blocking=True):
+    """Copy array ``src`` (host or device) into the 1-D host array ``dst``.
 
-    ``dst`` must have ``src.size`` elements of ``src.dtype``.
+    ``dst`` must have ``src.size`` elements of ``src.dtype``. A device copy
+    runs on the current stream; with ``blocking=False`` it is only queued and
+    the returned CUDA event tells when it is done (see :func:`wait`). Host
+    copies happen at once and return ``None``.
     """
     if _is_cupy_array(src):
+        cupy = sys.modules["cupy"]
         with src.device:
-            src.reshape(-1).get(out=dst, blocking=True)
-    else:
-        numpy.copyto(dst, numpy.asarray(src).reshape(-1))
+            src.reshape(-1).get(out=dst, blocking=blocking)
+            if blocking:
+                return None
+            event = cupy.cuda.Event(block=False, disable_timing=True)
+            event.record()
+            return event
+    numpy.copyto(dst, numpy.asarray(src).reshape(-1))
+    return None
+
+
+def wait(event):
+    """Block until ``event`` (from :func:`copy_to_host`) has happened; ``None`` is a no-op."""
+    if event is not None:
+        event.synchronize()
 
 
 def copy_from_host(src, dst):

@@ -281,14 +281,69 @@ class _Staged:
 # --- collectives ------------------------------------------------------------
 
 def alltoallv(comm, send, send_counts, send_displs, recv, recv_counts, recv_displs, *, workspace=None):
-    """``MPI_Alltoallv`` between flat arrays; counts and displacements in elements."""
+    """``MPI_Alltoallv`` between flat arrays; counts and displacements in elements.
+
+    With staging active the exchange is pipelined instead (see
+    :func:`_alltoallv_staged`).
+    """
     dtype = _dtype_of(send, None)
     datatype = mpi_type(dtype)
-    staged = _Staged(comm, workspace)
-    s = staged.send("a2a-send", send, dtype, _count_of(send, None))
-    r = staged.recv("a2a-recv", recv, dtype, _count_of(recv, None))
-    comm.Alltoallv([s, (send_counts, send_displs), datatype], [r, (recv_counts, recv_displs), datatype])
-    staged.finish()
+    if staging_active(send, comm) or staging_active(recv, comm):
+        _alltoallv_staged(comm, send, send_counts, send_displs, recv, recv_counts, recv_displs, dtype, datatype,
+                          workspace if workspace is not None else backend.Workspace())
+        return
+    _prepare(send)
+    _prepare(recv)
+    comm.Alltoallv([send, (send_counts, send_displs), datatype], [recv, (recv_counts, recv_displs), datatype])
+
+
+# Tag of the point-to-point messages of a staged all-to-all. mpisphere's own
+# communicators carry nothing else; on a user's communicator, avoid this tag
+# for messages in flight across an mpisphere call.
+STAGED_TAG = 0x6D73
+
+
+def _alltoallv_staged(comm, send, send_counts, send_displs, recv, recv_counts, recv_displs, dtype, datatype,
+                      workspace):
+    """The all-to-all through host buffers, copies overlapped with messages.
+
+    Every peer's block is queued for copy to the host at once, in the order
+    the peers are served; each is sent as soon as its copy is done, while the
+    later ones are still copying. Received blocks are queued for copy back as
+    they arrive, while the others are still in flight. Point-to-point
+    messages (``Isend``/``Irecv``, tag :data:`STAGED_TAG`) make this overlap
+    possible where one ``MPI_Alltoallv`` call would not.
+    """
+    size, rank = comm.Get_size(), comm.Get_rank()
+    pinned = backend.is_device_array(send) or backend.is_device_array(recv)
+    send_total = max((d + c for d, c in zip(send_displs, send_counts)), default=0)
+    recv_total = max((d + c for d, c in zip(recv_displs, recv_counts)), default=0)
+    host_send = workspace.host("a2a-send", send_total, dtype, pinned)
+    host_recv = workspace.host("a2a-recv", recv_total, dtype, pinned)
+    order = [(rank + k) % size for k in range(size)]
+    copies = {}
+    for q in order:
+        if send_counts[q]:
+            block = slice(send_displs[q], send_displs[q] + send_counts[q])
+            copies[q] = backend.copy_to_host(send[block], host_send[block], blocking=False)
+    receives, sources = [], []
+    for q in order:
+        if recv_counts[q]:
+            block = host_recv[recv_displs[q]:recv_displs[q] + recv_counts[q]]
+            receives.append(comm.Irecv([block, datatype], source=q, tag=STAGED_TAG))
+            sources.append(q)
+    sends = []
+    for q in order:
+        if send_counts[q]:
+            backend.wait(copies[q])
+            block = host_send[send_displs[q]:send_displs[q] + send_counts[q]]
+            sends.append(comm.Isend([block, datatype], dest=q, tag=STAGED_TAG))
+    for _ in range(len(receives)):
+        q = sources[MPI.Request.Waitany(receives)]
+        block = slice(recv_displs[q], recv_displs[q] + recv_counts[q])
+        backend.copy_from_host(host_recv[block], recv[block])
+    MPI.Request.Waitall(sends)
+    workspace.guard("a2a-recv", pinned, recv)
 
 
 def alltoallw(comm, send, send_types, recv, recv_types):

@@ -427,9 +427,13 @@ def _positive(value, name, who):
 def _permute_copy(dst, src):
     """``dst[...] = src`` where one side has the batch axis innermost in memory.
 
-    Copies one latitude (or degree) slab at a time: each slab is a small 2-D
-    transpose that stays in cache, where one whole-array strided copy would not.
+    On the host, one latitude (or degree) slab at a time: each slab is a
+    small 2-D transpose that stays in cache, where one whole-array strided
+    copy would not. On a device, one kernel.
     """
+    if backend.is_device_array(dst):
+        dst[...] = src
+        return
     for k in range(dst.shape[1]):
         dst[:, k] = src[:, k]
 

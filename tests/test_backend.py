@@ -1,0 +1,97 @@
+"""Backend selection, workspaces, CUDA-aware detection (serial parts)."""
+
+import os
+import sys
+
+import numpy
+import pytest
+
+from mpisphere import backend
+from mpisphere.cuda_aware import local_verdict, mpi_library_path
+
+
+class FakeDeviceArray:
+    """Looks like a CuPy array to type checks, without CuPy or a GPU."""
+    __module__ = "cupy._core.core"
+
+
+def test_array_module_of_host_arrays():
+    assert backend.array_module(numpy.zeros(2), None, numpy.ones(3)) is numpy
+    assert backend.array_module() is numpy
+    assert not backend.is_device_array(numpy.zeros(2))
+    assert backend.is_device_array(FakeDeviceArray())
+
+
+def test_mixing_host_and_device_arrays_is_a_type_error_naming_both():
+    with pytest.raises(TypeError, match=r"argument 0 is numpy.ndarray, argument 1 is cupy.FakeDeviceArray"):
+        backend.array_module(numpy.zeros(2), FakeDeviceArray())
+
+
+def test_array_module_does_not_import_cupy():
+    if "cupy" in sys.modules:
+        pytest.skip("CuPy already imported by another test in this process")
+    backend.array_module(numpy.zeros(2))
+    assert "cupy" not in sys.modules
+
+
+def test_workspace_reuses_and_grows():
+    ws = backend.Workspace()
+    like = numpy.zeros(1)
+    a = ws.scratch("send", like, 10)
+    b = ws.scratch("send", like, 6)
+    assert numpy.shares_memory(a, b) and b.size == 6
+    c = ws.scratch("send", like, 20)
+    assert c.size == 20 and ws.nbytes() == 20 * 8
+    ws.scratch("send", like, 20, numpy.float32)  # dtype change: replaced, not accumulated
+    assert ws.nbytes() == 20 * 4
+    h = ws.host("stage", 5, numpy.complex128, pinned=False)
+    assert h.dtype == numpy.complex128 and h.size == 5
+    ws.clear()
+    assert ws.nbytes() == 0
+
+
+def test_host_copies():
+    src = numpy.arange(6.0).reshape(2, 3)
+    dst = numpy.empty(6)
+    assert backend.copy_to_host(src, dst, blocking=False) is None
+    numpy.testing.assert_array_equal(dst, src.reshape(-1))
+    back = numpy.empty((2, 3))
+    backend.copy_from_host(dst, back)
+    numpy.testing.assert_array_equal(back, src)
+    backend.wait(None)
+
+
+def test_select_device_without_a_gpu():
+    if backend.visible_device_count() > 0:
+        pytest.skip("a GPU is visible")
+    from mpi4py import MPI
+    with pytest.raises(RuntimeError, match="no CUDA device visible to this process"):
+        backend.select_device(MPI.COMM_SELF)
+
+
+def test_override_wins():
+    assert local_verdict(True) == (True, "override (mpisphere.config.cuda_aware / MPISPHERE_CUDA_AWARE) = 1")
+    assert local_verdict(False)[0] is False
+
+
+def test_library_query_of_pip_mpich():
+    path = mpi_library_path()
+    assert path and os.path.exists(path)
+    value, source = local_verdict(None, environ={})
+    assert isinstance(value, bool) and source
+
+
+@pytest.mark.parametrize("environ, expected", [
+    ({"MV2_USE_CUDA": "1"}, True),
+    ({"I_MPI_OFFLOAD": "1"}, True),
+    ({"MPICH_GPU_SUPPORT_ENABLED": "1"}, False),  # no GTL library loaded here: not safe
+    ({}, False),
+])
+def test_vendor_switches(environ, expected):
+    """Against a library without MPIX queries (libc), the vendor switches decide."""
+    import ctypes.util
+    libc = ctypes.util.find_library("c")
+    value, source = local_verdict(None, environ=environ, library_path=libc)
+    assert value is expected, source
+    if not environ:
+        assert "staging through host memory" in source

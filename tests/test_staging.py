@@ -1,0 +1,152 @@
+"""The host-staging code path (forced on NumPy arrays) and the buffer hand-off to mpi4py.
+
+On a machine without a GPU these tests are what runs the staging logic that
+device buffers take when MPI is not CUDA-aware, and the hand-off of objects
+that MPI sees only through DLPack or the CUDA array interface.
+"""
+
+import numpy
+import pytest
+from mpi4py import MPI
+
+from mpisphere import (CopyTo, DistributedInverseRealSHT, DistributedRealSHT, GatherFrom, GatherFromCopyTo,
+                       HaloExchange, ReduceFrom, ReduceScatter, ScatterTo, Transpose, collectives, config, dottest)
+from mpisphere.backend import Workspace
+
+from helpers import chunk, random_array, rank_rng
+
+pytestmark = pytest.mark.mpi
+
+
+def _operators(grid):
+    """(operator, domain point) pairs covering every primitive, on uneven extents."""
+    az, pol = grid.azimuth, grid.polar
+    p_az, r_az = az.Get_size(), az.Get_rank()
+    local = rank_rng(grid.cart)
+    b, nlat, nlon = 5, 13, 10
+    h, w = grid.local_shape(nlat, nlon)
+    return [
+        (Transpose(az, axes=(0, 2), extents=(b, nlon)), local.standard_normal((b, h, w))),
+        (Transpose(pol, axes=(-1, 1), extents=(w, nlat)), local.standard_normal((b, h, w))),
+        (CopyTo(az), numpy.full((3, 4), 2.0)),
+        (ReduceFrom(pol), local.standard_normal((3, 4)).astype(numpy.float16)),
+        (ScatterTo(az, 1, 7), numpy.arange(21.0).reshape(3, 7)),
+        (GatherFrom(az, -1, 7), chunk(numpy.arange(21.0).reshape(3, 7), -1, p_az, r_az).copy()),
+        (ReduceScatter(pol, 0, 11), local.standard_normal((11, 2)) + 1j),
+        (GatherFromCopyTo(pol, 0, 11), chunk(local.standard_normal((11, 2)), 0, pol.Get_size(), pol.Get_rank()).copy()),
+        (HaloExchange(grid, 2, 2, extents=(nlat, nlon)), local.standard_normal((b, h, w))),
+        (DistributedRealSHT(grid, nlat, nlon), local.standard_normal((2, h, w))),
+        (DistributedInverseRealSHT(grid, nlat, nlon),
+         random_array(local, (2,) + DistributedInverseRealSHT(grid, nlat, nlon).block_shape, numpy.complex128)),
+    ]
+
+
+def test_staged_path_gives_identical_results(grid):
+    for op, x in _operators(grid):
+        direct = op.forward(x)
+        back = op.adjoint(direct)
+        with config.override(force_staging=True):
+            staged = op.forward(x)
+            staged_back = op.adjoint(staged)
+        numpy.testing.assert_array_equal(staged, direct, err_msg=op.name)
+        numpy.testing.assert_array_equal(staged_back, back, err_msg=op.name)
+
+
+def test_staged_path_dottests(grid):
+    local = rank_rng(grid.cart, seed=11)
+    with config.override(force_staging=True):
+        for op, x in _operators(grid):
+            if "replicated" in (op.domain.kind, op.range.kind) or x.dtype == numpy.float16:
+                continue  # covered bit for bit above; their dot tests need replicated data
+            y = op.forward(x)
+            yy = random_array(local, y.shape, y.dtype)
+            assert dottest(op, random_array(local, x.shape, x.dtype), yy, rtol=1e-12) <= 1e-12, op.name
+
+
+def test_staged_all_to_all_with_uneven_and_empty_blocks(comm):
+    """The pipelined exchange on its own: blocks of every size, some empty, in any order."""
+    p, r = comm.Get_size(), comm.Get_rank()
+    send_counts = [(r + q) % 3 for q in range(p)]  # includes zeros
+    recv_counts = [(q + r) % 3 for q in range(p)]
+    send_displs = list(numpy.cumsum([0] + send_counts[:-1]) + 1)  # a gap in front
+    recv_displs = list(numpy.cumsum([0] + recv_counts[:-1]))
+    send = numpy.full(sum(send_counts) + 1, -1.0)
+    for q in range(p):
+        send[send_displs[q]:send_displs[q] + send_counts[q]] = 100 * r + q
+    recv = numpy.zeros(sum(recv_counts))
+    ws = Workspace()
+    with config.override(force_staging=True):
+        for _ in range(3):  # the workspace is reused
+            collectives.alltoallv(comm, send, send_counts, send_displs, recv, recv_counts, recv_displs, workspace=ws)
+    for q in range(p):
+        numpy.testing.assert_array_equal(recv[recv_displs[q]:recv_displs[q] + recv_counts[q]], 100 * q + r)
+
+
+class DLPackOnly:
+    """Exposes nothing but the DLPack protocol around host memory."""
+
+    def __init__(self, array):
+        self._array = array
+
+    def __dlpack__(self, *args, **kwargs):
+        return self._array.__dlpack__(*args, **kwargs)
+
+    def __dlpack_device__(self):
+        return self._array.__dlpack_device__()
+
+
+class CudaArrayInterfaceOnly:
+    """Exposes nothing but ``__cuda_array_interface__``, pointing at host memory."""
+
+    def __init__(self, array):
+        self._array = array
+        self.__cuda_array_interface__ = {
+            "shape": array.shape, "typestr": array.dtype.str, "data": (array.ctypes.data, False),
+            "strides": None, "version": 3, "stream": None,
+        }
+
+
+@pytest.mark.parametrize("wrap", [DLPackOnly, CudaArrayInterfaceOnly], ids=["dlpack", "cuda-array-interface"])
+def test_foreign_buffers_are_handed_to_mpi(comm, wrap):
+    p, r = comm.Get_size(), comm.Get_rank()
+    send = numpy.arange(6.0) + r
+    recv = numpy.zeros(6)
+    collectives.allreduce(comm, wrap(send), wrap(recv), dtype=numpy.float64, count=6)
+    numpy.testing.assert_array_equal(recv, numpy.arange(6.0) * p + p * (p - 1) / 2)
+    numpy.testing.assert_array_equal(send, numpy.arange(6.0) + r)  # never written
+    with config.override(force_staging=True):  # foreign objects are never staged: MPI takes them as they are
+        recv[:] = 0
+        collectives.allreduce(comm, wrap(send), wrap(recv), dtype=numpy.float64, count=6)
+        numpy.testing.assert_array_equal(recv, numpy.arange(6.0) * p + p * (p - 1) / 2)
+
+
+def test_cuda_array_interface_buffers_in_sendrecv_and_alltoallv(comm):
+    p, r = comm.Get_size(), comm.Get_rank()
+    send = numpy.full(4, float(r))
+    recv = numpy.zeros(4)
+    collectives.sendrecv(comm, CudaArrayInterfaceOnly(send), (r + 1) % p, CudaArrayInterfaceOnly(recv),
+                         (r - 1) % p, sendtag=5, recvtag=5)
+    numpy.testing.assert_array_equal(recv, (r - 1) % p)
+    send = numpy.arange(p, dtype=float) + 10 * r
+    recv = numpy.zeros(p)
+    ones, offsets = [1] * p, list(range(p))
+    collectives.alltoallv(comm, CudaArrayInterfaceOnly(send), ones, offsets, CudaArrayInterfaceOnly(recv), ones,
+                          offsets)
+    numpy.testing.assert_array_equal(recv, 10 * numpy.arange(p) + r)
+
+
+def test_cuda_aware_decision_is_the_same_on_every_rank(comm):
+    aware, source = collectives.cuda_aware(comm)
+    assert comm.allgather(aware) == [aware] * comm.Get_size()
+    assert collectives.cuda_aware(comm) == (aware, source)  # made once, then cached
+    with config.override(cuda_aware=True):
+        assert collectives.cuda_aware(comm)[0] is True
+        assert "CUDA-aware" in collectives.describe_path(comm)
+    assert collectives.cuda_aware(comm)[0] == aware
+
+
+def test_node_local_rank(comm):
+    from mpisphere.backend import node_local_rank
+    local_rank, local_size = node_local_rank(comm)
+    # one node here: the node-local numbering is the world's
+    assert (local_rank, local_size) == (comm.Get_rank(), comm.Get_size())
