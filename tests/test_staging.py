@@ -150,3 +150,15 @@ def test_node_local_rank(comm):
     local_rank, local_size = node_local_rank(comm)
     # one node here: the node-local numbering is the world's
     assert (local_rank, local_size) == (comm.Get_rank(), comm.Get_size())
+
+
+@pytest.mark.mpi(min_size=2)
+def test_describe_path_is_safe_on_one_rank(comm):
+    saved = config._cuda_aware_decision
+    config._cuda_aware_decision = None  # as before any grid exists
+    try:
+        if comm.Get_rank() == 0:
+            assert "not yet agreed" in collectives.describe_path(comm)
+        comm.Barrier()  # would never complete if describe_path were collective
+    finally:
+        config._cuda_aware_decision = saved
