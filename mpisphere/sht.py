@@ -44,6 +44,9 @@ __all__ = ["DistributedRealSHT", "DistributedInverseRealSHT", "default_truncatio
 
 _CONTRACTIONS = ("auto", "per-order", "batched")
 
+# numpy.fft functions take out= from NumPy 2.0; with it the FFTs write into reused buffers
+_FFT_TAKES_OUT = int(numpy.__version__.split(".")[0]) >= 2
+
 
 def default_truncation(nlat, nlon, quadrature="equiangular"):
     """torch-harmonics' default ``(lmax, mmax)`` for a grid."""
@@ -125,6 +128,32 @@ class _Contraction:
 
     def analyze(self, fourier, spectral):
         t = self.tables
+        if self._batched(fourier):
+            sym, anti = self._parity_split(fourier)
+            self._analyze_batched(sym, anti, spectral)
+            return
+        n_north, n_half = t.n_north, t.n_half
+        rows = fourier.shape[0]
+        # per order: the parity split of one (nlat, 2b) slice, small enough to stay in cache
+        sym = self.workspace.scratch("sym", fourier, n_half * fourier.shape[2]).reshape(n_half, fourier.shape[2])
+        anti = self.workspace.scratch("anti", fourier, n_north * fourier.shape[2]).reshape(n_north, -1)
+        for j, m in enumerate(t.orders):
+            spectral[:min(m, t.lmax), j] = 0
+            even, odd = t.even[j], t.odd[j]
+            if not even.shape[0]:
+                continue
+            column = fourier[:, j]
+            north, south = column[:n_north], column[rows - n_north:][::-1]
+            numpy.add(north, south, out=sym[:n_north])
+            if n_half > n_north:
+                sym[n_north] = column[n_north]
+            numpy.matmul(even, sym, out=spectral[m::2, j][:even.shape[0]])
+            if odd.shape[0]:
+                numpy.subtract(north, south, out=anti)
+                numpy.matmul(odd, anti, out=spectral[m + 1::2, j][:odd.shape[0]])
+
+    def _parity_split(self, fourier):
+        t = self.tables
         n_north, n_half = t.n_north, t.n_half
         rows = fourier.shape[0]
         ws = self.workspace
@@ -135,16 +164,7 @@ class _Contraction:
         if n_half > n_north:
             sym[n_north] = fourier[n_north]
         numpy.subtract(fourier[:n_north], south, out=anti)
-        if self._batched(fourier):
-            self._analyze_batched(sym, anti, spectral)
-            return
-        for j, m in enumerate(t.orders):
-            spectral[:min(m, t.lmax), j] = 0
-            even, odd = t.even[j], t.odd[j]
-            if even.shape[0]:
-                numpy.matmul(even, sym[:, j], out=spectral[m::2, j][:even.shape[0]])
-            if odd.shape[0]:
-                numpy.matmul(odd, anti[:, j], out=spectral[m + 1::2, j][:odd.shape[0]])
+        return sym, anti
 
     def _analyze_batched(self, sym, anti, spectral):
         xp = backend.array_module(spectral)
@@ -160,25 +180,36 @@ class _Contraction:
         n_north, n_half = t.n_north, t.n_half
         rows = fourier.shape[0]
         ws = self.workspace
-        even_part = ws.scratch("sym", fourier, n_half * fourier[0].size).reshape((n_half,) + fourier.shape[1:])
-        odd_part = ws.scratch("anti", fourier, n_north * fourier[0].size).reshape((n_north,) + fourier.shape[1:])
         if self._batched(spectral):
+            even_part = ws.scratch("sym", fourier, n_half * fourier[0].size).reshape((n_half,) + fourier.shape[1:])
+            odd_part = ws.scratch("anti", fourier, n_north * fourier[0].size).reshape((n_north,) + fourier.shape[1:])
             self._synthesize_batched(spectral, even_part, odd_part)
-        else:
-            for j, m in enumerate(t.orders):
-                even, odd = t.even[j], t.odd[j]
-                if even.shape[0]:
-                    numpy.matmul(even.T, spectral[m::2, j][:even.shape[0]], out=even_part[:, j])
-                else:
-                    even_part[:, j] = 0
-                if odd.shape[0]:
-                    numpy.matmul(odd.T, spectral[m + 1::2, j][:odd.shape[0]], out=odd_part[:, j])
-                else:
-                    odd_part[:, j] = 0
-        numpy.add(even_part[:n_north], odd_part, out=fourier[:n_north])
-        numpy.subtract(even_part[:n_north], odd_part, out=fourier[rows - n_north:][::-1])
-        if n_half > n_north:
-            fourier[n_north] = even_part[n_north]
+            numpy.add(even_part[:n_north], odd_part, out=fourier[:n_north])
+            numpy.subtract(even_part[:n_north], odd_part, out=fourier[rows - n_north:][::-1])
+            if n_half > n_north:
+                fourier[n_north] = even_part[n_north]
+            return
+        # per order: both parity parts of one (nlat, 2b) slice stay in cache until combined
+        cols = fourier.shape[2]
+        even_part = ws.scratch("sym", fourier, n_half * cols).reshape(n_half, cols)
+        odd_part = ws.scratch("anti", fourier, n_north * cols).reshape(n_north, cols)
+        for j, m in enumerate(t.orders):
+            even, odd = t.even[j], t.odd[j]
+            column = fourier[:, j]
+            if not even.shape[0]:
+                column[...] = 0
+                continue
+            numpy.matmul(even.T, spectral[m::2, j][:even.shape[0]], out=even_part)
+            north, south = column[:n_north], column[rows - n_north:][::-1]
+            if odd.shape[0]:
+                numpy.matmul(odd.T, spectral[m + 1::2, j][:odd.shape[0]], out=odd_part)
+                numpy.add(even_part[:n_north], odd_part, out=north)
+                numpy.subtract(even_part[:n_north], odd_part, out=south)
+            else:
+                north[...] = even_part[:n_north]
+                south[...] = even_part[:n_north]
+            if n_half > n_north:
+                column[n_north] = even_part[n_north]
 
     def _synthesize_batched(self, spectral, even_part, odd_part):
         xp = backend.array_module(spectral)
@@ -304,7 +335,9 @@ class _SHTEngine:
         t = self.transposes(batch)
         b_polar, b_azimuth = self.batch_parts(batch)
         xa = t["lon"].forward(xb) if g.nazimuth > 1 else xb
-        spectrum = self._rfft(xa, "backward" if adjoint_of_synthesis else "forward")[..., :self.mmax]
+        half = self.nlon // 2 + 1
+        spectrum = self._scratch("spectrum", xb, (b_azimuth, self.tile[0], half), self.cdtype)
+        spectrum = self._rfft(xa, "backward" if adjoint_of_synthesis else "forward", spectrum)[..., :self.mmax]
         if adjoint_of_synthesis:
             spectrum *= self.multiplicity(spectrum)
         xm = t["m"].forward(spectrum) if g.nazimuth > 1 else spectrum
@@ -333,14 +366,13 @@ class _SHTEngine:
         if g.nazimuth > 1:
             t["m"].adjoint(xm, out=spectrum[..., :self.mmax])
         else:
-            spectrum[..., :self.mmax] = xm
+            _permute_copy(spectrum[..., :self.mmax], xm)
         if adjoint_of_analysis:
             spectrum[..., :self.mmax] /= self.multiplicity(spectrum)
         norm = "backward" if adjoint_of_analysis else "forward"
         if g.nazimuth > 1:
             return t["lon"].adjoint(self._irfft(spectrum, norm), out=out)
-        out[...] = self._irfft(spectrum, norm)
-        return out
+        return self._irfft(spectrum, norm, out)
 
     def spectral_to_block(self, spectral, out):
         """Physical (lmax, m_loc, Bp) -> this rank's block (B, l_loc, m_loc), into ``out``."""
@@ -375,13 +407,24 @@ class _SHTEngine:
             count *= extent
         return self.workspace.scratch(name, like, count, dtype).reshape(shape)
 
-    def _rfft(self, x, norm):
+    def _rfft(self, x, norm, out):
+        """Real FFT along the last axis, into ``out`` where the library allows it (NumPy 2)."""
+        if _FFT_TAKES_OUT and isinstance(x, numpy.ndarray) and x.dtype == self.dtype:
+            return numpy.fft.rfft(x, axis=-1, norm=norm, out=out)
         xp = backend.array_module(x)
-        return xp.fft.rfft(x, axis=-1, norm=norm).astype(self.cdtype, copy=False)
+        out[...] = xp.fft.rfft(x, axis=-1, norm=norm)
+        return out
 
-    def _irfft(self, spectrum, norm):
+    def _irfft(self, spectrum, norm, out=None):
+        """Inverse real FFT along the last axis, into ``out`` when given and the library allows it."""
+        if out is not None and _FFT_TAKES_OUT and isinstance(spectrum, numpy.ndarray) and out.dtype == self.dtype:
+            return numpy.fft.irfft(spectrum, n=self.nlon, axis=-1, norm=norm, out=out)
         xp = backend.array_module(spectrum)
-        return xp.fft.irfft(spectrum, n=self.nlon, axis=-1, norm=norm).astype(self.dtype, copy=False)
+        result = xp.fft.irfft(spectrum, n=self.nlon, axis=-1, norm=norm).astype(self.dtype, copy=False)
+        if out is None:
+            return result
+        out[...] = result
+        return out
 
     # --- input handling ---------------------------------------------------------
 
@@ -468,33 +511,42 @@ class _SHTBase(LinearOperator):
         e = self._engine
         xb, lead_shape, lead_size = e.prepare(who, x, e.tile, want_complex=False)
         with backend.device_of(xb):
+            target, given = self._target(who, xb, out, (xb.shape[0],) + e.block, lead_shape, lead_size, e.cdtype)
             fourier = e.grid_to_fourier(xb, adjoint_of_synthesis=adjoint)
             spectral = e.spectral_scratch(xb, xb.shape[0])
             e.contraction.analyze(_real_view(fourier), _real_view(spectral))
-            result = output_array(who, self.grid.cart, xb, None, (xb.shape[0],) + e.block, e.cdtype)
-            e.spectral_to_block(spectral, result)
-        return _finish(who, self.grid.cart, result, lead_shape, lead_size, out)
+            e.spectral_to_block(spectral, target)
+        return self._finish(target, given, out, lead_shape, lead_size)
 
     def _spectral_to_grid(self, who, c, out, adjoint):
         """Coefficient blocks -> real tiles: the inverse SHT, or (``adjoint``) the forward's adjoint."""
         e = self._engine
         cb, lead_shape, lead_size = e.prepare(who, c, e.block, want_complex=True)
         with backend.device_of(cb):
+            target, given = self._target(who, cb, out, (cb.shape[0],) + e.tile, lead_shape, lead_size, e.dtype)
             spectral = e.block_to_spectral(cb)
             fourier = e.fourier_scratch(cb, cb.shape[0])
             e.contraction.synthesize(_real_view(spectral), _real_view(fourier))
-            result = output_array(who, self.grid.cart, cb, None, (cb.shape[0],) + e.tile, e.dtype)
-            e.fourier_to_grid(fourier, adjoint, cb.shape[0], result)
-        return _finish(who, self.grid.cart, result, lead_shape, lead_size, out)
+            e.fourier_to_grid(fourier, adjoint, cb.shape[0], target)
+        return self._finish(target, given, out, lead_shape, lead_size)
 
+    def _target(self, who, like, out, flat_shape, lead_shape, lead_size, dtype):
+        """The flat-batch array the pipeline writes into: ``out`` itself when it can be, else a new one."""
+        if out is not None:
+            out = output_array(who, self.grid.cart, like, out, tuple(lead_shape) + tuple(flat_shape[1:]), dtype)
+            if flat_shape[0] == lead_size and out.flags.c_contiguous:
+                return out.reshape(flat_shape), out
+        return output_array(who, self.grid.cart, like, None, flat_shape, dtype), None
 
-def _finish(who, comm, result, lead_shape, lead_size, out):
-    result = unflatten_leading(result, lead_shape, lead_size)
-    if out is None:
-        return result
-    out = output_array(who, comm, result, out, result.shape, result.dtype)
-    out[...] = result
-    return out
+    @staticmethod
+    def _finish(target, given, out, lead_shape, lead_size):
+        if given is not None:
+            return given
+        result = unflatten_leading(target, lead_shape, lead_size)
+        if out is None:
+            return result
+        out[...] = result
+        return out
 
 
 class DistributedRealSHT(_SHTBase):
