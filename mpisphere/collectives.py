@@ -8,6 +8,10 @@ displacements in elements, and
 
 * maps the dtype to an MPI datatype (float16 moves as 16-bit words and is
   never reduced: reductions promote it to float32 first, in the operators);
+* moves contiguous buffers only: with the pip MPICH, derived datatypes were
+  measured slower than packing with NumPy (30x for an ``Allgatherv`` of
+  strided columns, 3x for a halo column exchange), and MPICH refuses
+  reductions on them;
 * for device buffers, synchronises the current stream before MPI reads them
   (:func:`mpisphere.backend.synchronize`);
 * when the MPI library is not CUDA-aware (or ``config.force_staging`` is set),
@@ -36,7 +40,6 @@ __all__ = [
     "allreduce_scalar",
     "barrier",
     "alltoallv",
-    "alltoallw",
     "allgatherv",
     "reduce_scatter",
     "allreduce",
@@ -44,8 +47,6 @@ __all__ = [
     "exchange",
     "scatterv",
     "gatherv",
-    "subarray_type",
-    "DatatypeCache",
 ]
 
 
@@ -358,18 +359,6 @@ def _alltoallv_staged(comm, send, send_counts, send_displs, recv, recv_counts, r
     workspace.guard("a2a-recv", pinned, recv)
 
 
-def alltoallw(comm, send, send_types, recv, recv_types):
-    """``MPI_Alltoallw`` with one derived datatype per peer (count 1, displacement 0).
-
-    Derived datatypes describe the strided blocks, so MPI packs and unpacks
-    without extra copies; host buffers only.
-    """
-    n = comm.Get_size()
-    ones = [1] * n
-    zeros = [0] * n
-    comm.Alltoallw([send, (ones, zeros), send_types], [recv, (ones, zeros), recv_types])
-
-
 def allgatherv(comm, send, recv, counts, displs, *, workspace=None):
     """``MPI_Allgatherv``: flat ``send`` (this rank's block) into flat ``recv`` at ``displs``."""
     dtype = _dtype_of(send, None)
@@ -411,29 +400,13 @@ def allreduce(comm, send, recv, op=MPI.SUM, *, dtype=None, count=None, workspace
     staged.finish()
 
 
-def sendrecv(comm, send, dest, recv, source, *, sendtag=0, recvtag=0, send_type=None, recv_type=None,
-             workspace=None):
-    """``MPI_Sendrecv``; ``dest``/``source`` may be ``MPI.PROC_NULL``.
-
-    A side given a datatype (``send_type``/``recv_type``: a committed derived
-    datatype such as :func:`subarray_type`) moves one element of it with the
-    whole array as the base buffer, so a strided halo block travels without
-    packing; that side must be a host array. A side without one moves its
-    flat array as it is, staged through host memory when needed.
-    """
+def sendrecv(comm, send, dest, recv, source, *, sendtag=0, recvtag=0, workspace=None):
+    """``MPI_Sendrecv`` of flat arrays; ``dest``/``source`` may be ``MPI.PROC_NULL``."""
     staged = _Staged(comm, workspace)
-    if send_type is None:
-        count = _count_of(send, None)
-        message = [staged.send("sr-send", send, _dtype_of(send, None), count), count, mpi_type(_dtype_of(send, None))]
-    else:
-        _prepare(send)
-        message = [send, 1, send_type]
-    if recv_type is None:
-        count = _count_of(recv, None)
-        target = [staged.recv("sr-recv", recv, _dtype_of(recv, None), count), count, mpi_type(_dtype_of(recv, None))]
-    else:
-        _prepare(recv)
-        target = [recv, 1, recv_type]
+    send_dtype, recv_dtype = _dtype_of(send, None), _dtype_of(recv, None)
+    send_count, recv_count = _count_of(send, None), _count_of(recv, None)
+    message = [staged.send("sr-send", send, send_dtype, send_count), send_count, mpi_type(send_dtype)]
+    target = [staged.recv("sr-recv", recv, recv_dtype, recv_count), recv_count, mpi_type(recv_dtype)]
     comm.Sendrecv(message, dest, sendtag, target, source, recvtag)
     staged.finish()
 
@@ -492,61 +465,3 @@ def gatherv(comm, send, recv, counts, displs, root=0):
         spec = [staged.recv("gather-recv", recv, dtype, _count_of(recv, None)), (counts, displs), datatype]
     comm.Gatherv([s, _count_of(send, None), datatype], spec, root=root)
     staged.finish()
-
-
-# --- derived datatypes --------------------------------------------------------
-
-def subarray_type(shape, subshape, starts, dtype):
-    """A committed MPI datatype for the C-order block ``[starts:starts+subshape]`` of ``shape``.
-
-    The caller owns it: free it with ``Free()`` (or keep it in a
-    :class:`DatatypeCache`).
-    """
-    base = mpi_type(dtype)
-    datatype = base.Create_subarray(list(shape), list(subshape), list(starts), order=MPI.ORDER_C)
-    datatype.Commit()
-    return datatype
-
-
-class DatatypeCache:
-    """Committed derived datatypes of one operator, freed together.
-
-    Keys are whatever describes the layout (shape, dtype, block); the number
-    of entries is capped, the oldest being freed first, so a caller cycling
-    through many shapes does not accumulate MPI handles.
-    """
-
-    __slots__ = ("_types", "_limit")
-
-    def __init__(self, limit=64):
-        self._types = {}
-        self._limit = limit
-
-    def get(self, key, build):
-        datatype = self._types.get(key)
-        if datatype is None:
-            if len(self._types) >= self._limit:
-                oldest = next(iter(self._types))
-                _free(self._types.pop(oldest))
-            datatype = build()
-            self._types[key] = datatype
-        return datatype
-
-    def __len__(self):
-        return len(self._types)
-
-    def free(self):
-        for datatype in self._types.values():
-            _free(datatype)
-        self._types.clear()
-
-    def __del__(self):
-        try:
-            self.free()
-        except Exception:  # interpreter shutdown
-            pass
-
-
-def _free(datatype):
-    if not MPI.Is_finalized() and datatype != MPI.DATATYPE_NULL:
-        datatype.Free()

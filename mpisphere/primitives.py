@@ -33,7 +33,7 @@ from mpi4py import MPI
 
 from . import backend, collectives
 from .operators import DISTRIBUTED, REPLICATED, Layout, LinearOperator, check_input, output_array
-from .partition import normalize_axis, offsets_of, split_sizes
+from .partition import offsets_of, split_sizes
 
 __all__ = [
     "Transpose",
