@@ -145,7 +145,8 @@ def describe_path(comm=None):
     else:
         aware, source = local_verdict(config.cuda_aware)
         source += "; this rank's own verdict, not yet agreed across ranks"
-    path = "device buffers straight to MPI (CUDA-aware)" if aware else "device buffers staged through pinned host memory"
+    path = ("device buffers straight to MPI (CUDA-aware)" if aware
+            else "device buffers staged through pinned host memory")
     if config.force_staging:
         path += "; force_staging on: every buffer staged"
     return f"{path} [{source}]"

@@ -110,7 +110,8 @@ def _query_vendor_switches(environ):
     if environ.get("MPICH_GPU_SUPPORT_ENABLED") == "1":
         if "libmpi_gtl_cuda" in _loaded_libraries():
             return True, "MPICH_GPU_SUPPORT_ENABLED=1 with libmpi_gtl_cuda loaded (Cray MPICH)"
-        return False, "MPICH_GPU_SUPPORT_ENABLED=1 but libmpi_gtl_cuda is not loaded (Cray MPICH would crash on device buffers)"
+        return False, ("MPICH_GPU_SUPPORT_ENABLED=1 but libmpi_gtl_cuda is not loaded "
+                       "(Cray MPICH would crash on device buffers)")
     if environ.get("MV2_USE_CUDA") == "1":
         return True, "MV2_USE_CUDA=1 (MVAPICH2)"
     if environ.get("I_MPI_OFFLOAD") == "1":

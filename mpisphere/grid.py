@@ -14,26 +14,14 @@ import numpy
 from mpi4py import MPI
 
 from . import backend, collectives
-from .partition import chunk_slice, offsets_of, split_sizes
+from .partition import check_int, chunk_slice, offsets_of, split_sizes
 
 __all__ = ["ProcessGrid"]
 
 
-def _positive_dim(value, name):
-    if value is None:
-        return None
-    try:
-        value = operator.index(value)
-    except TypeError:
-        raise TypeError(f"ProcessGrid: {name} must be an integer or None, got {value!r}") from None
-    if value < 1:
-        raise ValueError(f"ProcessGrid: {name} must be a positive number of ranks, got {name}={value}")
-    return value
-
-
 def _grid_dims(size, npolar, nazimuth):
-    npolar = _positive_dim(npolar, "npolar")
-    nazimuth = _positive_dim(nazimuth, "nazimuth")
+    npolar = None if npolar is None else check_int(npolar, "npolar", "ProcessGrid", minimum=1)
+    nazimuth = None if nazimuth is None else check_int(nazimuth, "nazimuth", "ProcessGrid", minimum=1)
     if npolar is None and nazimuth is None:
         npolar, nazimuth = MPI.Compute_dims(size, 2)
     elif npolar is None or nazimuth is None:
@@ -279,7 +267,8 @@ class ProcessGrid:
         if odd:
             raise ValueError(
                 "ProcessGrid.gather: tiles disagree in leading shape or dtype: rank 0 has "
-                f"{everyone[0][0]} {dtype}, " + ", ".join(f"rank {r} has {everyone[r][0]} {everyone[r][1]}" for r in odd))
+                f"{everyone[0][0]} {dtype}, "
+                + ", ".join(f"rank {r} has {everyone[r][0]} {everyone[r][1]}" for r in odd))
         heights = [everyone[p * self.nazimuth][0][-2] for p in range(self.npolar)]
         widths = [everyone[a][0][-1] for a in range(self.nazimuth)]
         nlat, nlon = sum(heights), sum(widths)

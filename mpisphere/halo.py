@@ -23,29 +23,18 @@ these thin blocks, 0.12 against 0.22 ms for a column exchange.) A width of 0
 in a direction posts no message in that direction.
 """
 
-import operator
-
 import numpy
 from mpi4py import MPI
 
 from . import backend, collectives
 from .operators import DISTRIBUTED, Layout, LinearOperator, check_input, output_array
+from .partition import check_int
 from .primitives import SUPPORTED_DTYPES
 
 __all__ = ["HaloExchange"]
 
 # message tags, one per direction of travel
 _TO_NORTH, _TO_SOUTH, _TO_WEST, _TO_EAST = 11, 12, 13, 14
-
-
-def _width(value, name):
-    try:
-        value = operator.index(value)
-    except TypeError:
-        raise TypeError(f"HaloExchange: {name} must be a non-negative integer, got {value!r}") from None
-    if value < 0:
-        raise ValueError(f"HaloExchange: {name} must be non-negative, got {name}={value}")
-    return value
 
 
 class HaloExchange(LinearOperator):
@@ -84,8 +73,8 @@ class HaloExchange(LinearOperator):
 
     def __init__(self, grid, rows, cols=0, *, extents=None):
         self.grid = grid
-        self.rows = _width(rows, "rows")
-        self.cols = _width(cols, "cols")
+        self.rows = check_int(rows, "rows", "HaloExchange")
+        self.cols = check_int(cols, "cols", "HaloExchange")
         self.domain = Layout(DISTRIBUTED, grid.cart)
         self.range = Layout(DISTRIBUTED, grid.cart)
         self.tile = None
@@ -126,7 +115,8 @@ class HaloExchange(LinearOperator):
         tile = None
         dtype = getattr(a, "dtype", None)
         if dtype is None or getattr(a, "ndim", 0) < 2:
-            error = TypeError, f"expected an array with at least 2 axes, got {type(a).__name__} {getattr(a, 'shape', '')}"
+            error = TypeError, (f"expected an array with at least 2 axes, got {type(a).__name__} "
+                                f"{getattr(a, 'shape', '')}")
         elif numpy.dtype(dtype) not in SUPPORTED_DTYPES:
             error = TypeError, f"unsupported dtype {numpy.dtype(dtype)}"
         else:

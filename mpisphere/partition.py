@@ -32,6 +32,18 @@ def _as_count(value, name):
         raise TypeError(f"{name} must be an integer, got {value!r}") from None
 
 
+def check_int(value, name, who, minimum=0):
+    """``value`` as an int, or a TypeError/ValueError that starts with ``who`` and names ``name``."""
+    try:
+        value = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{who}: {name} must be an integer, got {value!r}") from None
+    if value < minimum:
+        bound = {0: "non-negative", 1: "positive"}.get(minimum, f"at least {minimum}")
+        raise ValueError(f"{who}: {name} must be {bound}, got {name}={value}")
+    return value
+
+
 def split_sizes(n, parts):
     """Balanced chunk sizes of ``n`` elements over ``parts`` chunks.
 

@@ -29,14 +29,13 @@ both the tables and the arithmetic; the tables hold only this rank's orders.
 """
 
 import math
-import operator
 
 import numpy
 
 from . import backend
 from .legendre import NORMS, associated_legendre
 from .operators import DISTRIBUTED, Layout, LinearOperator, check_input, output_array
-from .partition import flatten_leading, split_offsets, split_sizes, unflatten_leading
+from .partition import check_int, flatten_leading, split_offsets, split_sizes, unflatten_leading
 from .primitives import Transpose
 from .quadrature import latitudes
 
@@ -245,10 +244,10 @@ class _SHTEngine:
                  who):
         self.who = who
         self.grid = grid
-        self.nlat, self.nlon = _positive(nlat, "nlat", who), _positive(nlon, "nlon", who)
+        self.nlat, self.nlon = check_int(nlat, "nlat", who, minimum=1), check_int(nlon, "nlon", who, minimum=1)
         default_l, default_m = default_truncation(self.nlat, self.nlon, quadrature)
-        self.lmax = default_l if lmax is None else _positive(lmax, "lmax", who)
-        self.mmax = default_m if mmax is None else _positive(mmax, "mmax", who)
+        self.lmax = default_l if lmax is None else check_int(lmax, "lmax", who, minimum=1)
+        self.mmax = default_m if mmax is None else check_int(mmax, "mmax", who, minimum=1)
         if norm not in NORMS:
             raise ValueError(f"{who}: unknown norm {norm!r}; choose one of {', '.join(NORMS)}")
         if contraction not in _CONTRACTIONS:
@@ -448,23 +447,14 @@ class _SHTEngine:
         elif tuple(a.shape[-2:]) != tuple(block_shape):
             what = "coefficient block" if want_complex else "tile"
             error = ValueError, (f"expected a {what} of {tuple(block_shape)} in the last two axes for grid rank "
-                                 f"{self.grid.rank} (polar {self.grid.polar_rank}, azimuth {self.grid.azimuth_rank}) of "
+                                 f"{self.grid.rank} (polar {self.grid.polar_rank}, azimuth "
+                                 f"{self.grid.azimuth_rank}) of "
                                  f"a {self.grid.npolar} x {self.grid.nazimuth} grid, got {tuple(a.shape[-2:])}")
         shape = tuple(getattr(a, "shape", ()))
         check_input(self.grid.cart, who, error, lambda: (f"leading shape {shape[:-2]}", f"dtype {dtype}"))
         minimum = max(self.grid.npolar, self.grid.nazimuth)
         flat, lead_shape, lead_size = flatten_leading(a, minimum, 2)
         return flat, lead_shape, lead_size
-
-
-def _positive(value, name, who):
-    try:
-        value = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{who}: {name} must be an integer, got {value!r}") from None
-    if value < 1:
-        raise ValueError(f"{who}: {name} must be positive, got {name}={value}")
-    return value
 
 
 def _permute_copy(dst, src):

@@ -17,33 +17,15 @@ machines: compare ratios within one run.
 import argparse
 import json
 import sys
-import time
 
 import numpy
 from mpi4py import MPI
 
 import mpisphere
+from benchtools import measure
 from mpisphere import (CopyTo, GatherFrom, GatherFromCopyTo, HaloExchange, ProcessGrid, ReduceFrom, ReduceScatter,
                        ScatterTo, Transpose, collectives, split_sizes)
 from mpisphere.partition import offsets_of
-
-
-def measure(comm, fn, repeats, warmup, sync=None):
-    """Median, min, max (ms) over repeats of the slowest rank's time of ``fn()``."""
-    for _ in range(warmup):
-        fn()
-    if sync is not None:
-        sync()
-    times = []
-    for _ in range(repeats):
-        comm.Barrier()
-        start = time.perf_counter()
-        fn()
-        if sync is not None:
-            sync()
-        times.append(comm.allreduce(time.perf_counter() - start, op=MPI.MAX))
-    times = 1e3 * numpy.array(times)
-    return float(numpy.median(times)), float(times.min()), float(times.max())
 
 
 class Bench:
@@ -133,7 +115,7 @@ def bench_grid(grid, args, xp):
 
     for name, comm, axes, extents in (("Transpose(azimuth, (0,-1))", grid.azimuth, (0, -1), (batch, nlon)),
                                       ("Transpose(polar, (0,-2))", grid.polar, (0, -2), (batch, nlat))):
-        p, r = comm.Get_size(), comm.Get_rank()
+        p = comm.Get_size()
         if p == 1:
             continue
         op = Transpose(comm, axes=axes, extents=extents)

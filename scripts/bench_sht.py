@@ -26,22 +26,8 @@ import numpy
 from mpi4py import MPI
 
 import mpisphere
+from benchtools import measure
 from mpisphere import DistributedInverseRealSHT, DistributedRealSHT, ProcessGrid
-
-
-def measure(comm, fn, repeats, warmup, sync=None):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        comm.Barrier()
-        start = time.perf_counter()
-        fn()
-        if sync is not None:
-            sync()
-        times.append(comm.allreduce(time.perf_counter() - start, op=MPI.MAX))
-    times = 1e3 * numpy.array(times)
-    return float(numpy.median(times)), float(times.min()), float(times.max())
 
 
 def peak_rss_mb():

@@ -312,7 +312,8 @@ def test_wrong_local_extent_names_operator_rank_expected_got(grid):
     op = Transpose(comm, axes=(0, 1), extents=(p + 2, 2 * p + 1))
     good = mpisphere.split_sizes(2 * p + 1, p)[r]
     with pytest.raises(ValueError, match=rf"Transpose.forward: rank {r} of {p}: expected {p + 2} entries along axis 0 "
-                                         rf"\(whole\) and {good} along axis 1 .* got input shape \({p + 2}, {good + 1}\)"):
+                                         rf"\(whole\) and {good} along axis 1 .* "
+                                         rf"got input shape \({p + 2}, {good + 1}\)"):
         op.forward(numpy.zeros((p + 2, good + 1)))
     gf = GatherFrom(comm, -1, 3 * p)
     with pytest.raises(ValueError, match=rf"GatherFrom.forward: rank {r} of {p}: expected 3 entries along axis -1 "
@@ -369,7 +370,6 @@ def test_unsupported_dtype(grid, dtype):
 
 def test_out_argument_is_checked(grid):
     comm = grid.cart
-    p = comm.Get_size()
     x = numpy.zeros((2, 3))
     with pytest.raises(ValueError, match=r"out has shape \(3, 3\) float64, expected \(2, 3\) float64"):
         CopyTo(comm).forward(x, out=numpy.zeros((3, 3)))
@@ -388,7 +388,8 @@ def test_debug_mode_mismatch_raises_on_every_rank(grid):
     op = GatherFrom(comm, 0, extent)
     n = mpisphere.split_sizes(extent, p)[r] + (1 if r == p - 1 else 0)
     with config.override(debug=True):
-        with pytest.raises(ValueError, match=rf"GatherFrom.forward \(debug check over {p} ranks\): rank {p - 1}: expected"):
+        with pytest.raises(ValueError,
+                           match=rf"GatherFrom.forward \(debug check over {p} ranks\): rank {p - 1}: expected"):
             op.forward(numpy.zeros((n, 3)))
         # a mismatch no single rank can see: trailing shapes differ between ranks
         x = numpy.zeros((mpisphere.split_sizes(extent, p)[r], 3 + (r == 1)))

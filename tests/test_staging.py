@@ -7,7 +7,6 @@ that MPI sees only through DLPack or the CUDA array interface.
 
 import numpy
 import pytest
-from mpi4py import MPI
 
 from mpisphere import (CopyTo, DistributedInverseRealSHT, DistributedRealSHT, GatherFrom, GatherFromCopyTo,
                        HaloExchange, ReduceFrom, ReduceScatter, ScatterTo, Transpose, collectives, config, dottest)

@@ -1,0 +1,28 @@
+"""Timing shared by the benchmark scripts (not part of the package)."""
+
+import time
+
+import numpy
+from mpi4py import MPI
+
+
+def measure(comm, fn, repeats, warmup, sync=None):
+    """Median, min and max (ms) over ``repeats`` of the slowest rank's time of ``fn()``.
+
+    Each repetition starts at a barrier; ``sync`` (e.g. a CUDA stream
+    synchronisation) runs inside the timed region so device work is counted.
+    """
+    for _ in range(warmup):
+        fn()
+    if sync is not None:
+        sync()
+    times = []
+    for _ in range(repeats):
+        comm.Barrier()
+        start = time.perf_counter()
+        fn()
+        if sync is not None:
+            sync()
+        times.append(comm.allreduce(time.perf_counter() - start, op=MPI.MAX))
+    times = 1e3 * numpy.array(times)
+    return float(numpy.median(times)), float(times.min()), float(times.max())
