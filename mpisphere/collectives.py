@@ -109,12 +109,19 @@ def cuda_aware(comm):
     if decided is not None:
         return decided
     value, source = local_verdict(config.cuda_aware)
-    if config.cuda_aware is None and comm.Get_size() > 1:
+    if config.cuda_aware is not None:
+        config._cuda_aware_decision = (bool(value), source)
+    elif comm.Get_size() > 1:
         agreed = comm.allreduce(bool(value), op=MPI.LAND)
         if agreed != value:
             source = f"another rank found no CUDA support (this rank: {source})"
-        value = agreed
-    config._cuda_aware_decision = (bool(value), source)
+        config._cuda_aware_decision = (bool(agreed), source)
+    elif MPI.COMM_WORLD.Get_size() == 1:
+        config._cuda_aware_decision = (bool(value), source)
+    else:
+        # a one-rank communicator inside a larger job: answer for this call,
+        # but leave the decision to the first communicator that can agree on it
+        return bool(value), source + "; this rank's own verdict, not yet agreed across ranks"
     return config._cuda_aware_decision
 
 

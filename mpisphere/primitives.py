@@ -33,7 +33,7 @@ from mpi4py import MPI
 
 from . import backend, collectives
 from .operators import DISTRIBUTED, REPLICATED, Layout, LinearOperator, check_input, output_array
-from .partition import offsets_of, split_sizes
+from .partition import check_int, offsets_of, split_sizes
 
 __all__ = [
     "Transpose",
@@ -101,10 +101,7 @@ class _CommunicatorOperator(LinearOperator):
         self._workspace = backend.Workspace()
 
     def _extent(self, extent, what="extent"):
-        try:
-            extent = operator.index(extent)
-        except TypeError:
-            raise TypeError(f"{self.name}: {what} must be an integer, got {extent!r}") from None
+        extent = check_int(extent, what, self.name)
         if extent < self.size:
             raise ValueError(f"{self.name}: {what}={extent} is smaller than the communicator size "
                              f"{self.size}; every rank needs at least one entry")

@@ -23,6 +23,7 @@ import numpy
 
 __all__ = [
     "GRIDS",
+    "canonical_grid",
     "clenshaw_curtis",
     "legendre_gauss",
     "lobatto",
@@ -134,24 +135,28 @@ def lobatto(n):
     return numpy.arccos(numpy.clip(x, -1.0, 1.0)), weights
 
 
-def latitudes(nlat, grid="equiangular"):
-    """Colatitudes and weights of a named grid (see the module docstring)."""
+def canonical_grid(grid):
+    """The name in :data:`GRIDS` that ``grid`` (or one of its aliases) stands for."""
     key = _ALIASES.get(str(grid).lower())
     if key is None:
         raise ValueError(f"unknown quadrature grid {grid!r}; choose one of {', '.join(GRIDS)}")
-    return {"equiangular": clenshaw_curtis, "legendre-gauss": legendre_gauss, "lobatto": lobatto}[key](nlat)
+    return key
+
+
+def latitudes(nlat, grid="equiangular"):
+    """Colatitudes and weights of a named grid (see the module docstring)."""
+    rule = {"equiangular": clenshaw_curtis, "legendre-gauss": legendre_gauss, "lobatto": lobatto}
+    return rule[canonical_grid(grid)](nlat)
 
 
 def exact_degree(nlat, grid):
     """Highest polynomial degree in ``cos(theta)`` the ``nlat``-point rule integrates exactly."""
-    key = _ALIASES.get(str(grid).lower())
+    key = canonical_grid(grid)
     if key == "equiangular":
         return nlat if nlat % 2 else nlat - 1
     if key == "legendre-gauss":
         return 2 * nlat - 1
-    if key == "lobatto":
-        return 2 * nlat - 3
-    raise ValueError(f"unknown quadrature grid {grid!r}; choose one of {', '.join(GRIDS)}")
+    return 2 * nlat - 3
 
 
 def latitude_support_band(lats_in, lats_out, theta_cutoff):

@@ -37,7 +37,7 @@ from .legendre import NORMS, associated_legendre
 from .operators import DISTRIBUTED, Layout, LinearOperator, check_input, output_array
 from .partition import check_int, flatten_leading, split_offsets, split_sizes, unflatten_leading
 from .primitives import Transpose
-from .quadrature import latitudes
+from .quadrature import canonical_grid, latitudes
 
 __all__ = ["DistributedRealSHT", "DistributedInverseRealSHT", "default_truncation"]
 
@@ -49,7 +49,7 @@ _FFT_TAKES_OUT = int(numpy.__version__.split(".")[0]) >= 2
 
 def default_truncation(nlat, nlon, quadrature="equiangular"):
     """torch-harmonics' default ``(lmax, mmax)`` for a grid."""
-    lmax = nlat - 1 if quadrature == "lobatto" else nlat
+    lmax = nlat - 1 if canonical_grid(quadrature) == "lobatto" else nlat
     return lmax, nlon // 2 + 1
 
 
@@ -245,6 +245,10 @@ class _SHTEngine:
         self.who = who
         self.grid = grid
         self.nlat, self.nlon = check_int(nlat, "nlat", who, minimum=1), check_int(nlon, "nlon", who, minimum=1)
+        try:
+            quadrature = canonical_grid(quadrature)
+        except ValueError as exc:
+            raise ValueError(f"{who}: {exc}") from None
         default_l, default_m = default_truncation(self.nlat, self.nlon, quadrature)
         self.lmax = default_l if lmax is None else check_int(lmax, "lmax", who, minimum=1)
         self.mmax = default_m if mmax is None else check_int(mmax, "mmax", who, minimum=1)

@@ -323,8 +323,10 @@ def test_grid_finer_than_lmax(grid):
 def test_bad_parameters(grid):
     with pytest.raises(ValueError, match="mmax=18 exceeds the nlon // 2 \\+ 1 = 17"):
         DistributedRealSHT(grid, 17, 32, mmax=18)
-    with pytest.raises(ValueError, match="unknown quadrature grid 'gaussian'"):
+    with pytest.raises(ValueError, match="DistributedRealSHT: unknown quadrature grid 'gaussian'"):
         DistributedRealSHT(grid, 17, 32, quadrature="gaussian")
+    assert DistributedRealSHT(grid, 17, 32, quadrature="gauss").lmax == 17
+    assert DistributedRealSHT(grid, 17, 32, quadrature="legendre-gauss-lobatto").lmax == 16  # aliases too
     with pytest.raises(ValueError, match="unknown norm 'unit'"):
         DistributedRealSHT(grid, 17, 32, norm="unit")
     with pytest.raises(TypeError, match="dtype must be float32 or float64, got complex128"):

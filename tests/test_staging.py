@@ -161,3 +161,18 @@ def test_describe_path_is_safe_on_one_rank(comm):
         comm.Barrier()  # would never complete if describe_path were collective
     finally:
         config._cuda_aware_decision = saved
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_one_rank_communicator_does_not_settle_the_decision(comm):
+    from mpi4py import MPI
+    saved = config._cuda_aware_decision
+    config._cuda_aware_decision = None
+    try:
+        collectives.cuda_aware(MPI.COMM_SELF)  # e.g. ProcessGrid(MPI.COMM_SELF) on each rank
+        assert config._cuda_aware_decision is None
+        aware, _ = collectives.cuda_aware(comm)  # the first multi-rank communicator agrees
+        assert config._cuda_aware_decision is not None
+        assert comm.allgather(aware) == [aware] * comm.Get_size()
+    finally:
+        config._cuda_aware_decision = saved
