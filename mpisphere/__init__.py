@@ -18,7 +18,7 @@ from .primitives import (
     ReduceScatter,
     GatherFromCopyTo,
 )
-from .halo import HaloExchange
+from .halo import HaloExchange, HaloReduce
 from .quadrature import latitudes, latitude_support_band, polar_halo_radius
 from .sht import DistributedRealSHT, DistributedInverseRealSHT
 from .backend import select_device
@@ -47,6 +47,7 @@ __all__ = [
     "ReduceScatter",
     "GatherFromCopyTo",
     "HaloExchange",
+    "HaloReduce",
     "latitudes",
     "latitude_support_band",
     "polar_halo_radius",

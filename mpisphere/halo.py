@@ -31,7 +31,7 @@ from .operators import DISTRIBUTED, Layout, LinearOperator, check_input, output_
 from .partition import check_int
 from .primitives import SUPPORTED_DTYPES
 
-__all__ = ["HaloExchange"]
+__all__ = ["HaloExchange", "HaloReduce"]
 
 # message tags, one per direction of travel
 _TO_NORTH, _TO_SOUTH, _TO_WEST, _TO_EAST = 11, 12, 13, 14
@@ -229,6 +229,32 @@ class HaloExchange(LinearOperator):
         """Drop the cached plans and scratch buffers (they are rebuilt on the next call)."""
         self._plans.clear()
         self._workspace.clear()
+
+
+class HaloReduce(LinearOperator):
+    """The adjoint of :class:`HaloExchange` as an operator of its own.
+
+    ``forward``: ``(..., h + 2*rows, w + 2*cols)`` -> ``(..., h, w)``, the
+    interior plus the halo contributions the neighbours hold for this rank's
+    cells (what a scatter-shaped stencil writes across tile borders).
+    ``adjoint``: the halo exchange. Same parameters as :class:`HaloExchange`;
+    ``HaloReduce(...).H`` and ``HaloExchange(...).H`` behave alike.
+    """
+
+    def __init__(self, grid, rows, cols=0, *, extents=None):
+        self.exchange = HaloExchange(grid, rows, cols, extents=extents)
+        self.domain = self.exchange.range
+        self.range = self.exchange.domain
+
+    def _forward(self, y, out):
+        return self.exchange.adjoint(y, out)
+
+    def _adjoint(self, x, out):
+        return self.exchange.forward(x, out)
+
+    @property
+    def H(self):
+        return self.exchange
 
 
 class _HaloPlan:

@@ -97,6 +97,15 @@ class Config:
     def force_staging(self, value):
         self._force_staging = _check_flag("force_staging", value, False)
 
+    @property
+    def device_buffer_path(self):
+        """One line: how device buffers reach MPI now (CUDA-aware or staged), and why.
+
+        Never communicates (see :func:`mpisphere.collectives.describe_path`).
+        """
+        from .collectives import describe_path  # settings sits below collectives
+        return describe_path()
+
     def override(self, **switches):
         """Context manager that sets switches and restores them on exit.
 

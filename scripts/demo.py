@@ -147,7 +147,7 @@ def main(argv=None):
               f"{180 / (nlat - 1):g} degree), lmax = mmax = {lmax}")
         print(f"  rank 0 tile     {tuple(fields.shape)}, coefficient block {tuple(coeffs.shape)}")
         print(f"  backend         {backend}")
-        print(f"  GPU buffers     {collectives.describe_path(grid.cart)}")
+        print(f"  GPU buffers     {mpisphere.config.device_buffer_path}")
         print(f"  round trip      max |inverse(forward(f)) - f| / max |f| = {round_trip:.2e}")
         print(f"  coefficients    max error against the analytic harmonics = {coeff_error:.2e}")
         print(f"  dot tests       forward {dot_forward:.1e}, inverse {dot_inverse:.1e} (relative)")

@@ -5,7 +5,7 @@ import pytest
 from mpi4py import MPI
 
 from mpisphere import config, dottest
-from mpisphere.halo import HaloExchange
+from mpisphere.halo import HaloExchange, HaloReduce
 
 from helpers import random_array, rank_rng
 
@@ -233,3 +233,16 @@ def test_debug_mode_catches_a_rank_with_another_batch(grid):
     with config.override(debug=True):
         with pytest.raises(ValueError, match="inputs disagree across ranks"):
             HaloExchange(grid, 1, 1).forward(x)
+
+
+def test_halo_reduce_is_the_adjoint_as_an_operator(grid):
+    h, w = grid.local_shape(NLAT, NLON)
+    local = rank_rng(grid.cart)
+    reduce = HaloReduce(grid, 2, 1, extents=(NLAT, NLON))
+    exchange = HaloExchange(grid, 2, 1, extents=(NLAT, NLON))
+    y = local.standard_normal((2, h + 4, w + 2))
+    numpy.testing.assert_array_equal(reduce.forward(y), exchange.adjoint(y))
+    x = local.standard_normal((2, h, w))
+    numpy.testing.assert_array_equal(reduce.adjoint(x), exchange.forward(x))
+    assert reduce.H is reduce.exchange
+    assert dottest(reduce, y, x, rtol=1e-13) <= 1e-13

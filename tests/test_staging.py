@@ -141,6 +141,7 @@ def test_cuda_aware_decision_is_the_same_on_every_rank(comm):
     with config.override(cuda_aware=True):
         assert collectives.cuda_aware(comm)[0] is True
         assert "CUDA-aware" in collectives.describe_path(comm)
+        assert config.device_buffer_path == collectives.describe_path(comm)
     assert collectives.cuda_aware(comm)[0] == aware
 
 
