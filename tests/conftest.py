@@ -38,6 +38,11 @@ def pytest_configure(config):
     if _harness.is_inner(config):
         config.pluginmanager.register(_harness.InnerPlugin(config), "mpisphere-inner")
     else:
+        # The outer process only launches mpiexec: importing mpi4py.MPI must not start
+        # MPI here (a singleton MPI in the parent can make Open MPI refuse a nested launch).
+        import mpi4py
+        mpi4py.rc.initialize = False
+        mpi4py.rc.finalize = False
         config.pluginmanager.register(_harness.OuterPlugin(config), "mpisphere-outer")
 
 

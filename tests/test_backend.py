@@ -61,6 +61,7 @@ def test_host_copies():
     backend.wait(None)
 
 
+@pytest.mark.mpi
 def test_select_device_without_a_gpu():
     if backend.visible_device_count() > 0:
         pytest.skip("a GPU is visible")
@@ -69,11 +70,18 @@ def test_select_device_without_a_gpu():
         backend.select_device(MPI.COMM_SELF)
 
 
+def test_outer_test_process_does_not_start_mpi(pytestconfig):
+    """Serial tests run in the process that launches mpiexec; MPI stays uninitialised there."""
+    from mpi4py import MPI
+    assert not MPI.Is_initialized()
+
+
 def test_override_wins():
     assert local_verdict(True) == (True, "override (mpisphere.config.cuda_aware / MPISPHERE_CUDA_AWARE) = 1")
     assert local_verdict(False)[0] is False
 
 
+@pytest.mark.mpi
 def test_library_query_of_pip_mpich():
     path = mpi_library_path()
     assert path and os.path.exists(path)
@@ -81,6 +89,7 @@ def test_library_query_of_pip_mpich():
     assert isinstance(value, bool) and source
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("environ, expected", [
     ({"MV2_USE_CUDA": "1"}, True),
     ({"I_MPI_OFFLOAD": "1"}, True),
