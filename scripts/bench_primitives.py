@@ -7,9 +7,10 @@
 
 Reference problem: a (batch, nlat, nlon) = (32, 361, 720) float64 field split
 over the grid. For each operator, forward and adjoint, and in the same run:
-the raw mpi4py call on pre-packed contiguous buffers of the same bytes, and a
-plain memory copy of the bytes the operator's input holds. Each figure is the
-median over repetitions of the slowest rank's time (barrier-aligned), with
+the raw mpi4py call on pre-packed contiguous NumPy buffers of the same bytes
+(host memory also with --device gpu, so the reference runs on any MPI), and a
+plain memory copy of the bytes the operator's input holds (device-to-device
+with --device gpu). Each figure is the median over repetitions of the slowest rank's time (barrier-aligned), with
 the min..max range; ratios are of medians. Times drift between runs on shared
 machines: compare ratios within one run.
 """
@@ -56,41 +57,41 @@ class Bench:
                   flush=True)
 
 
-def raw_alltoallv(comm, xp, send_counts, recv_counts, dtype):
-    send = xp.ones(sum(send_counts), dtype)
-    recv = xp.empty(sum(recv_counts), dtype)
+def raw_alltoallv(comm, send_counts, recv_counts, dtype):
+    send = numpy.ones(sum(send_counts), dtype)
+    recv = numpy.empty(sum(recv_counts), dtype)
     sd, rd = offsets_of(send_counts), offsets_of(recv_counts)
     t = collectives.mpi_type(dtype)
     return lambda: comm.Alltoallv([send, (send_counts, sd), t], [recv, (recv_counts, rd), t])
 
 
-def raw_allgatherv(comm, xp, counts, dtype):
-    send = xp.ones(counts[comm.Get_rank()], dtype)
-    recv = xp.empty(sum(counts), dtype)
+def raw_allgatherv(comm, counts, dtype):
+    send = numpy.ones(counts[comm.Get_rank()], dtype)
+    recv = numpy.empty(sum(counts), dtype)
     t = collectives.mpi_type(dtype)
     return lambda: comm.Allgatherv([send, t], [recv, (counts, offsets_of(counts)), t])
 
 
-def raw_reduce_scatter(comm, xp, counts, dtype):
-    send = xp.ones(sum(counts), dtype)
-    recv = xp.empty(counts[comm.Get_rank()], dtype)
+def raw_reduce_scatter(comm, counts, dtype):
+    send = numpy.ones(sum(counts), dtype)
+    recv = numpy.empty(counts[comm.Get_rank()], dtype)
     t = collectives.mpi_type(dtype)
     return lambda: comm.Reduce_scatter([send, t], [recv, t], counts, MPI.SUM)
 
 
-def raw_allreduce(comm, xp, count, dtype):
-    send = xp.ones(count, dtype)
-    recv = xp.empty(count, dtype)
+def raw_allreduce(comm, count, dtype):
+    send = numpy.ones(count, dtype)
+    recv = numpy.empty(count, dtype)
     t = collectives.mpi_type(dtype)
     return lambda: comm.Allreduce([send, t], [recv, t], MPI.SUM)
 
 
-def raw_halo(grid, xp, batch, h, w, rows, cols, dtype):
+def raw_halo(grid, batch, h, w, rows, cols, dtype):
     """The four Sendrecv calls of a halo exchange on pre-packed contiguous buffers."""
     t = collectives.mpi_type(dtype)
-    row_bytes = xp.ones(batch * rows * (w + 2 * cols), dtype)
-    col_bytes = xp.ones(batch * h * cols, dtype)
-    row_in, col_in = xp.empty_like(row_bytes), xp.empty_like(col_bytes)
+    row_bytes = numpy.ones(batch * rows * (w + 2 * cols), dtype)
+    col_bytes = numpy.ones(batch * h * cols, dtype)
+    row_in, col_in = numpy.empty_like(row_bytes), numpy.empty_like(col_bytes)
     north, south = grid.polar_neighbors
     west, east = grid.azimuth_neighbors
 
@@ -124,10 +125,10 @@ def bench_grid(grid, args, xp):
         unit_in, unit_out = tile.size // extents[0], y.size // extents[1]
         send_counts = [unit_in * n for n in split_sizes(extents[0], p)]
         recv_counts = [unit_out * n for n in split_sizes(extents[1], p)]
-        raw = raw_alltoallv(comm, xp, send_counts, recv_counts, dtype)
+        raw = raw_alltoallv(comm, send_counts, recv_counts, dtype)
         b.add(name, "forward", lambda: op.forward(tile), "Alltoallv", raw, tile.nbytes, comm)
         b.add(name, "forward out=", lambda: op.forward(tile, out=out_f), "Alltoallv", raw, tile.nbytes, comm)
-        raw_back = raw_alltoallv(comm, xp, recv_counts, send_counts, dtype)
+        raw_back = raw_alltoallv(comm, recv_counts, send_counts, dtype)
         b.add(name, "adjoint", lambda: op.adjoint(y), "Alltoallv", raw_back, y.nbytes, comm)
         b.add(name, "adjoint out=", lambda: op.adjoint(y, out=out_a), "Alltoallv", raw_back, y.nbytes, comm)
 
@@ -146,8 +147,8 @@ def bench_grid(grid, args, xp):
         whole = xp.asarray(rng.standard_normal(shape).astype(dtype))
         p = comm.Get_size()
         counts = [part.size // part.shape[axis] * n for n in split_sizes(extent, p)]
-        gather_raw = raw_allgatherv(comm, xp, counts, dtype)
-        rs_raw = raw_reduce_scatter(comm, xp, counts, dtype)
+        gather_raw = raw_allgatherv(comm, counts, dtype)
+        rs_raw = raw_reduce_scatter(comm, counts, dtype)
         gf, gfct, rsc, sc = (GatherFrom(comm, axis, extent), GatherFromCopyTo(comm, axis, extent),
                              ReduceScatter(comm, axis, extent), ScatterTo(comm, axis, extent))
         whole_out, part_out = xp.empty_like(whole), xp.empty_like(part)
@@ -171,7 +172,7 @@ def bench_grid(grid, args, xp):
     # the same array on every rank (a reduction needs equal shapes): rank 0's tile shape
     same = xp.asarray(rng.standard_normal((batch,) + grid.local_shape(nlat, nlon) if grid.rank == 0 else
                                           (batch, grid.lat_sizes(nlat)[0], grid.lon_sizes(nlon)[0])).astype(dtype))
-    ar_raw = raw_allreduce(grid.cart, xp, same.size, dtype)
+    ar_raw = raw_allreduce(grid.cart, same.size, dtype)
     rf, ct = ReduceFrom(grid.cart), CopyTo(grid.cart)
     out = xp.empty_like(same)
     b.add("ReduceFrom(cart)", "forward", lambda: rf.forward(same), "Allreduce", ar_raw, same.nbytes)
@@ -181,7 +182,7 @@ def bench_grid(grid, args, xp):
     rows = cols = args.halo
     halo = HaloExchange(grid, rows, cols, extents=(nlat, nlon))
     padded = halo.forward(tile)
-    halo_raw = raw_halo(grid, xp, batch, h, w, rows, cols, dtype)
+    halo_raw = raw_halo(grid, batch, h, w, rows, cols, dtype)
     halo_bytes = item * batch * (2 * rows * (w + 2 * cols) + 2 * h * cols)
     b.add(f"HaloExchange({rows},{cols})", "update", lambda: halo.update(padded), "4 x Sendrecv", halo_raw,
           halo_bytes)
