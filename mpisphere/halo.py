@@ -27,7 +27,7 @@ import numpy
 from mpi4py import MPI
 
 from . import backend, collectives
-from .operators import DISTRIBUTED, Layout, LinearOperator, check_input, output_array
+from .operators import DISTRIBUTED, AdjointOperator, Layout, LinearOperator, check_input, output_array
 from .partition import check_int
 from .primitives import SUPPORTED_DTYPES
 
@@ -231,30 +231,22 @@ class HaloExchange(LinearOperator):
         self._workspace.clear()
 
 
-class HaloReduce(LinearOperator):
+class HaloReduce(AdjointOperator):
     """The adjoint of :class:`HaloExchange` as an operator of its own.
 
     ``forward``: ``(..., h + 2*rows, w + 2*cols)`` -> ``(..., h, w)``, the
     interior plus the halo contributions the neighbours hold for this rank's
     cells (what a scatter-shaped stencil writes across tile borders).
-    ``adjoint``: the halo exchange. Same parameters as :class:`HaloExchange`;
-    ``HaloReduce(...).H`` and ``HaloExchange(...).H`` behave alike.
+    ``adjoint``: the halo exchange, which is also ``.H``. Same parameters as
+    :class:`HaloExchange`.
     """
 
     def __init__(self, grid, rows, cols=0, *, extents=None):
-        self.exchange = HaloExchange(grid, rows, cols, extents=extents)
-        self.domain = self.exchange.range
-        self.range = self.exchange.domain
-
-    def _forward(self, y, out):
-        return self.exchange.adjoint(y, out)
-
-    def _adjoint(self, x, out):
-        return self.exchange.forward(x, out)
+        super().__init__(HaloExchange(grid, rows, cols, extents=extents))
 
     @property
-    def H(self):
-        return self.exchange
+    def name(self):
+        return "HaloReduce"
 
 
 class _HaloPlan:

@@ -29,6 +29,7 @@ __all__ = [
     "dottest",
     "check_input",
     "output_array",
+    "AdjointOperator",
 ]
 
 DISTRIBUTED = "distributed"
@@ -156,7 +157,7 @@ class LinearOperator:
     @property
     def H(self):
         """The adjoint operator: ``A.H.forward == A.adjoint``."""
-        return _AdjointOperator(self)
+        return AdjointOperator(self)
 
     def __matmul__(self, other):
         if not isinstance(other, LinearOperator):
@@ -167,7 +168,9 @@ class LinearOperator:
         return f"<{self.name}: {self.domain} -> {self.range}>"
 
 
-class _AdjointOperator(LinearOperator):
+class AdjointOperator(LinearOperator):
+    """``op.H``: forward is ``op.adjoint``, adjoint is ``op.forward``."""
+
     def __init__(self, op):
         self.op = op
         self.domain = op.range
