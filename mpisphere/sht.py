@@ -337,13 +337,17 @@ class _SHTEngine:
         g, batch = self.grid, xb.shape[0]
         t = self.transposes(batch)
         b_polar, b_azimuth = self.batch_parts(batch)
-        xa = t["lon"].forward(xb) if g.nazimuth > 1 else xb
+        xa = xb
+        if g.nazimuth > 1:
+            xa = t["lon"].forward(xb, out=self._longitudes(xb, b_azimuth))
         half = self.nlon // 2 + 1
         spectrum = self._scratch("spectrum", xb, (b_azimuth, self.tile[0], half), self.cdtype)
         spectrum = self._rfft(xa, "backward" if adjoint_of_synthesis else "forward", spectrum)[..., :self.mmax]
         if adjoint_of_synthesis:
             spectrum *= self.multiplicity(spectrum)
-        xm = t["m"].forward(spectrum) if g.nazimuth > 1 else spectrum
+        xm = spectrum
+        if g.nazimuth > 1:
+            xm = t["m"].forward(spectrum, out=self._orders(xb, batch))
         fourier = self._scratch("fourier", xb, (self.nlat, self.m_local, b_polar), self.cdtype)
         logical = fourier.transpose(2, 0, 1)
         if g.npolar > 1:
@@ -362,7 +366,7 @@ class _SHTEngine:
         t = self.transposes(batch)
         _, b_azimuth = self.batch_parts(batch)
         logical = fourier.transpose(2, 0, 1)
-        xm = t["lat"].adjoint(logical) if g.npolar > 1 else logical
+        xm = t["lat"].adjoint(logical, out=self._orders(fourier, batch)) if g.npolar > 1 else logical
         half = self.nlon // 2 + 1
         spectrum = self._scratch("spectrum", fourier, (b_azimuth, self.tile[0], half), self.cdtype)
         spectrum[..., self.mmax:] = 0
@@ -374,8 +378,16 @@ class _SHTEngine:
             spectrum[..., :self.mmax] /= self.multiplicity(spectrum)
         norm = "backward" if adjoint_of_analysis else "forward"
         if g.nazimuth > 1:
-            return t["lon"].adjoint(self._irfft(spectrum, norm), out=out)
+            return t["lon"].adjoint(self._irfft(spectrum, norm, self._longitudes(fourier, b_azimuth)), out=out)
         return self._irfft(spectrum, norm, out)
+
+    def _longitudes(self, like, b_azimuth):
+        """Scratch for real fields with whole longitudes, (Ba, h, nlon), on the azimuth side of a transpose."""
+        return self._scratch("longitudes", like, (b_azimuth, self.tile[0], self.nlon), self.dtype)
+
+    def _orders(self, like, batch):
+        """Scratch for this rank's orders of the whole batch, (B, h, m_loc), between the transposes."""
+        return self._scratch("orders", like, (batch, self.tile[0], self.m_local), self.cdtype)
 
     def spectral_to_block(self, spectral, out):
         """Physical (lmax, m_loc, Bp) -> this rank's block (B, l_loc, m_loc), into ``out``."""
