@@ -152,3 +152,30 @@ def test_gather_of_mismatched_tiles_fails_on_every_rank(grid):
     dtype = numpy.float32 if grid.rank == 1 else numpy.float64
     with pytest.raises(ValueError, match="disagree in leading shape or dtype"):
         grid.gather(numpy.zeros((h, w), dtype))
+
+
+def test_bad_communicators_and_handles(comm):
+    with pytest.raises(TypeError, match="ProcessGrid: comm must be an mpi4py Intracomm, got int"):
+        ProcessGrid(7)
+    with pytest.raises(TypeError, match="ProcessGrid.from_fortran: handle must be an integer, got 'world'"):
+        ProcessGrid.from_fortran("world")
+    with pytest.raises(ValueError, match=rf"ProcessGrid.from_fortran: handle {MPI.COMM_NULL.py2f()} is MPI_COMM_NULL"):
+        ProcessGrid.from_fortran(MPI.COMM_NULL.py2f())
+
+
+def test_bad_ranks_and_roots(grid):
+    with pytest.raises(ValueError,
+                       match=rf"ProcessGrid.tile_slices: rank {grid.size} out of range for {grid.size} ranks"):
+        grid.tile_slices(7, 10, grid.size)
+    with pytest.raises(ValueError, match=rf"ProcessGrid: root {grid.size} out of range for {grid.size} ranks"):
+        grid.scatter(None, root=grid.size)
+    with pytest.raises(ValueError, match="ProcessGrid.scatter: root 0 must pass an array with at least 2 axes"):
+        grid.scatter(numpy.zeros(3) if grid.rank == 0 else None)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_gather_of_a_missing_tile_fails_on_every_rank(grid):
+    h, w = grid.local_shape(7, 10)
+    tile = numpy.zeros(3) if grid.rank == 1 else numpy.zeros((h, w))
+    with pytest.raises(ValueError, match=r"ProcessGrid.gather: ranks \[1\] passed no array with at least 2 axes"):
+        grid.gather(tile)

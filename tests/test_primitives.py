@@ -355,6 +355,8 @@ def test_bad_construction_arguments(grid):
         Transpose(grid.cart, (1, 1), (4, 4))
     with pytest.raises(TypeError, match="axes must be a pair of integers"):
         Transpose(grid.cart, (0,), (4, 4))
+    with pytest.raises(TypeError, match=r"Transpose: extents must be a pair of integers, got \(4, 4, 4\)"):
+        Transpose(grid.cart, (0, 1), (4, 4, 4))
     with pytest.raises(TypeError, match="axis must be an integer"):
         GatherFrom(grid.cart, 0.5, 4)
 

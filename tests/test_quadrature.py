@@ -84,6 +84,8 @@ def test_bad_grids():
         clenshaw_curtis(1)
     with pytest.raises(ValueError, match="needs at least 2 latitudes"):
         lobatto(1)
+    with pytest.raises(TypeError, match="legendre_gauss: the number of latitudes must be an integer, got 3.5"):
+        legendre_gauss(3.5)
 
 
 # --- support bands ----------------------------------------------------------------
@@ -130,6 +132,8 @@ def test_support_band_agrees_with_brute_force(lats_in, lats_out, cutoff):
 
 
 def test_support_band_errors():
+    with pytest.raises(ValueError, match="latitudes must be 1-D arrays"):
+        latitude_support_band([[0.1]], [0.1], 0.1)
     with pytest.raises(ValueError, match="increasing"):
         latitude_support_band([0.2, 0.1], [0.1], 0.1)
     with pytest.raises(ValueError, match="non-negative"):
@@ -182,3 +186,5 @@ def test_polar_halo_radius_from_rank_count():
         polar_halo_radius(180, lats, lats, cutoff)  # chunks of 2 and 3 rows
     with pytest.raises(TypeError, match="grid_or_sizes"):
         polar_halo_radius("four", lats, lats, cutoff)
+    with pytest.raises(ValueError, match=r"sizes \[180, 180\] / \[181, 180\] do not split 361 / 361 latitudes"):
+        polar_halo_radius(([180, 180], [181, 180]), lats, lats, cutoff)

@@ -333,6 +333,8 @@ def test_bad_parameters(grid):
         DistributedRealSHT(grid, 17, 32, dtype=numpy.complex128)
     with pytest.raises(ValueError, match="lmax must be positive"):
         DistributedRealSHT(grid, 17, 32, lmax=0)
+    with pytest.raises(ValueError, match="contraction must be one of .* got 'fast'"):
+        DistributedRealSHT(grid, 17, 32, contraction="fast")
 
 
 @pytest.mark.mpi(min_size=2)

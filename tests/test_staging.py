@@ -177,3 +177,13 @@ def test_a_one_rank_communicator_does_not_settle_the_decision(comm):
         assert comm.allgather(aware) == [aware] * comm.Get_size()
     finally:
         config._cuda_aware_decision = saved
+
+
+def test_buffers_whose_size_or_dtype_cannot_be_read(comm):
+    send, recv = DLPackOnly(numpy.ones(2)), DLPackOnly(numpy.zeros(2))
+    with pytest.raises(TypeError, match="mpisphere: cannot tell the dtype of DLPackOnly; pass dtype="):
+        collectives.allreduce(comm, send, recv, count=2)
+    with pytest.raises(TypeError, match="mpisphere: cannot tell the element count of DLPackOnly; pass count="):
+        collectives.allreduce(comm, send, recv, dtype=numpy.float64)
+    with pytest.raises(TypeError, match="mpisphere: float16 is reduced in float32"):
+        collectives.allreduce(comm, numpy.ones(2, numpy.float16), numpy.zeros(2, numpy.float16))
