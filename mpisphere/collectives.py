@@ -37,7 +37,7 @@ __all__ = [
     "allgather_object",
     "bcast_object",
     "agree",
-    "allreduce_scalar",
+    "allreduce_floats",
     "barrier",
     "alltoallv",
     "allgatherv",
@@ -171,9 +171,11 @@ def bcast_object(comm, obj, root=0):
     return comm.bcast(obj, root=root)
 
 
-def allreduce_scalar(comm, value, op=MPI.SUM):
-    """Reduce a Python number over ``comm`` (used by inner products)."""
-    return comm.allreduce(value, op=op)
+def allreduce_floats(comm, values, op=MPI.SUM):
+    """Reduce a small float64 NumPy array over ``comm`` into a new array (inner products, bounds)."""
+    result = numpy.empty_like(values)
+    comm.Allreduce([values, MPI.DOUBLE], [result, MPI.DOUBLE], op)
+    return result
 
 
 def barrier(comm):

@@ -16,7 +16,25 @@ from mpi4py import MPI
 from . import backend, collectives
 from .partition import check_int, chunk_slice, offsets_of, split_sizes
 
-__all__ = ["ProcessGrid"]
+__all__ = ["ProcessGrid", "GridComm"]
+
+
+class GridComm(MPI.Cartcomm):
+    """A communicator of a :class:`ProcessGrid`: an mpi4py ``Cartcomm`` that knows its grid.
+
+    ``grid.cart``, ``grid.polar`` and ``grid.azimuth`` are instances. They
+    behave as the ``Cartcomm`` handles they wrap, and add ``space``: the
+    grid's whole communicator, over which the inner products of operators
+    built on any of them sum (an operator on ``grid.polar`` runs as one copy
+    per column of the grid; together the copies map the whole field).
+    """
+
+    @classmethod
+    def _wrap(cls, comm, name, space=None):
+        wrapped = cls(comm)
+        wrapped.space = wrapped if space is None else space
+        wrapped.Set_name(name)
+        return wrapped
 
 
 def _grid_dims(size, npolar, nazimuth):
@@ -54,13 +72,13 @@ class ProcessGrid:
 
     Attributes
     ----------
-    cart : mpi4py.MPI.Cartcomm
+    cart : GridComm
         Cartesian communicator, dims ``[npolar, nazimuth]``, periods
         ``[False, True]``, ranks in ``comm`` order (no reordering).
-    polar : mpi4py.MPI.Cartcomm
+    polar : GridComm
         The ranks that share this rank's azimuth index (a column of the grid);
         its rank is :attr:`polar_rank`. Latitude splits use it.
-    azimuth : mpi4py.MPI.Cartcomm
+    azimuth : GridComm
         The ranks that share this rank's polar index (a row of the grid); its
         rank is :attr:`azimuth_rank`. Longitude splits use it.
     npolar, nazimuth : int
@@ -87,9 +105,10 @@ class ProcessGrid:
         if not isinstance(comm, MPI.Intracomm):
             raise TypeError(f"ProcessGrid: comm must be an mpi4py Intracomm, got {type(comm).__name__}")
         self.npolar, self.nazimuth = _grid_dims(comm.Get_size(), npolar, nazimuth)
-        self.cart = comm.Create_cart([self.npolar, self.nazimuth], periods=[False, True], reorder=False)
-        self.polar = self.cart.Sub([True, False])
-        self.azimuth = self.cart.Sub([False, True])
+        self.cart = GridComm._wrap(comm.Create_cart([self.npolar, self.nazimuth], periods=[False, True],
+                                                    reorder=False), "grid.cart")
+        self.polar = GridComm._wrap(self.cart.Sub([True, False]), "grid.polar", self.cart)
+        self.azimuth = GridComm._wrap(self.cart.Sub([False, True]), "grid.azimuth", self.cart)
         self.polar_rank = self.polar.Get_rank()
         self.azimuth_rank = self.azimuth.Get_rank()
         self.rank = self.cart.Get_rank()

@@ -16,6 +16,7 @@ pair of its real and imaginary parts.
 """
 
 import numpy
+from mpi4py import MPI
 
 from . import backend, collectives
 from .settings import config
@@ -37,47 +38,114 @@ REPLICATED = "replicated"
 
 
 class Layout:
-    """How an operator's input or output is held across the ranks of ``comm``.
+    """How one side of an operator is held across ranks, and over which ranks it is summed.
 
     Parameters
     ----------
     kind : {"distributed", "replicated"}
+        ``distributed``: every rank holds its own piece. ``replicated``: every
+        rank of ``comm`` holds the same array.
     comm : mpi4py.MPI.Comm
-        The ranks over which a distributed inner product is summed.
+        The communicator the operator works on (its pieces or its copies).
+    space : mpi4py.MPI.Comm, optional
+        All the ranks over which a global inner product sums. An operator on
+        a sub-communicator of a grid (``grid.polar``, ``grid.azimuth``) runs
+        as independent copies, one per row or column, that together map the
+        field on the whole grid: its space is ``grid.cart``. Default: the
+        space the communicator carries (the communicators of a
+        :class:`~mpisphere.ProcessGrid` carry ``grid.cart``), else ``comm``.
+
+    Notes
+    -----
+    The global inner product of two arrays in this layout is the sum over
+    the ranks of ``space`` of the local inner products; for a replicated
+    layout each copy counts once (the rank of ``comm`` numbered 0 contributes,
+    the others add zero).
     """
 
-    __slots__ = ("kind", "comm")
+    __slots__ = ("kind", "comm", "space")
 
-    def __init__(self, kind, comm):
+    def __init__(self, kind, comm, space=None):
         if kind not in (DISTRIBUTED, REPLICATED):
             raise ValueError(f"Layout kind must be {DISTRIBUTED!r} or {REPLICATED!r}, got {kind!r}")
         self.kind = kind
         self.comm = comm
+        self.space = space if space is not None else getattr(comm, "space", None) or comm
+
+    def counts_here(self):
+        """Whether this rank's local inner product enters the global one (copies count once)."""
+        return self.kind == DISTRIBUTED or self.comm.Get_rank() == 0
+
+    def mismatch(self, other):
+        """Why an array in layout ``other`` cannot be used as one in this layout, or ``None``.
+
+        Distributed arrays pass between operators whose spaces hold the same
+        ranks; replicated arrays also need the same communicator of copies.
+        Local: compares groups, never communicates.
+        """
+        if self.kind != other.kind:
+            return f"{other.kind} arrays cannot be used as {self.kind} ones"
+        if not _same_ranks(self.space, other.space):
+            return "their inner products sum over different ranks"
+        if self.kind == REPLICATED and not _same_ranks(self.comm, other.comm):
+            return "their arrays are replicated over different ranks"
+        return None
 
     def __repr__(self):
-        return f"Layout({self.kind!r}, size={self.comm.Get_size()})"
+        text = f"Layout({self.kind!r}, {_comm_name(self.comm)}"
+        if self.space is not self.comm:
+            text += f", space={_comm_name(self.space)}"
+        return text + ")"
+
+
+def _same_ranks(a, b):
+    if a is b:
+        return True
+    return MPI.Comm.Compare(a, b) in (MPI.IDENT, MPI.CONGRUENT)
+
+
+def _comm_name(comm):
+    name = comm.Get_name() if comm != MPI.COMM_NULL else "COMM_NULL"
+    size = comm.Get_size() if comm != MPI.COMM_NULL else 0
+    return f"{name or 'communicator'} ({size} rank{'s' if size != 1 else ''})"
 
 
 def _local_inner(a, b):
-    if a.shape != b.shape:
+    """``sum(real(conj(a) * b))`` and ``sum(|a| |b|)`` of this rank's arrays, in float64."""
+    if tuple(a.shape) != tuple(b.shape):
         raise ValueError(f"inner product of arrays of different shapes {tuple(a.shape)} and {tuple(b.shape)}")
     a = a.reshape(-1)
     b = b.reshape(-1)
     wide = numpy.complex128 if a.dtype.kind == "c" or b.dtype.kind == "c" else numpy.float64
+    a = a.astype(wide, copy=False)
+    b = b.astype(wide, copy=False)
     # vdot conjugates its first argument: real(vdot(a, b)) = sum(real(conj(a) * b))
-    return float(numpy.vdot(a.astype(wide, copy=False), b.astype(wide, copy=False)).real)
+    value = float(numpy.vdot(a, b).real)
+    if wide is numpy.complex128:
+        # |re(conj(a_i) b_i)| <= |a_i.re b_i.re| + |a_i.im b_i.im|: the bound of what is summed
+        bound = float(numpy.vdot(abs(a.real), abs(b.real)) + numpy.vdot(abs(a.imag), abs(b.imag)))
+    else:
+        bound = float(numpy.vdot(abs(a), abs(b)))
+    return value, bound
+
+
+def _global_sums(values, layout):
+    """Sum per-rank float64 ``values`` over the layout's space, copies counted once."""
+    local = numpy.array(values, dtype=numpy.float64) * (1.0 if layout.counts_here() else 0.0)
+    if layout.space.Get_size() > 1:
+        return collectives.allreduce_floats(layout.space, local)
+    return local
 
 
 def inner(a, b, layout):
     """Global real inner product of ``a`` and ``b`` held in ``layout``.
 
-    Accumulated in float64 whatever the dtype. Collective over
-    ``layout.comm`` for a distributed layout.
+    ``sum(real(conj(a) * b))`` over every element of every rank's piece
+    (each copy of a replicated array counted once), accumulated in float64
+    whatever the dtype. Collective over ``layout.space`` when it has more
+    than one rank.
     """
-    local = _local_inner(a, b)
-    if layout.kind == DISTRIBUTED and layout.comm.Get_size() > 1:
-        return collectives.allreduce_scalar(layout.comm, local)
-    return local
+    return float(_global_sums(_local_inner(a, b)[:1], layout)[0])
 
 
 def check_input(comm, who, error, meta):
@@ -195,10 +263,13 @@ class _ComposedOperator(LinearOperator):
     """``A @ B``: forward applies ``B`` then ``A``; adjoint ``A^H`` then ``B^H``."""
 
     def __init__(self, a, b):
-        if a.domain is not None and b.range is not None and a.domain.kind != b.range.kind:
-            raise ValueError(
-                f"cannot compose {a.name} @ {b.name}: {b.name} returns {b.range.kind} arrays but "
-                f"{a.name} takes {a.domain.kind} ones, so the adjoint of the composition would be wrong")
+        if a.domain is not None and b.range is not None:
+            reason = a.domain.mismatch(b.range)
+            if reason is not None:
+                raise ValueError(
+                    f"cannot compose {a.name} @ {b.name}: {b.name} returns {b.range!r} but {a.name} takes "
+                    f"{a.domain!r}; {reason}, so the composition would not be a linear operator with the "
+                    "adjoint its parts define")
         self.ops = (a.ops if isinstance(a, _ComposedOperator) else (a,)) + \
                    (b.ops if isinstance(b, _ComposedOperator) else (b,))
         self.domain = self.ops[-1].domain
@@ -229,6 +300,15 @@ class _ComposedOperator(LinearOperator):
 def dottest(op, x, y, rtol=1e-13):
     """Check ``<op.forward(x), y> == <x, op.adjoint(y)>`` over all ranks.
 
+    The two inner products are equal in exact arithmetic; computed, each
+    differs from its exact value by at most about ``n * eps`` times the sum
+    of the absolute values of its terms, ``sum |(A x)_i| |y_i|`` and
+    ``sum |x_i| |(A^H y)_i|``, whatever order the sum is taken in. The
+    difference is therefore measured against that bound, never against the
+    inner products themselves: those can cancel to almost nothing (a sum of
+    a million terms of size one that comes to 31), and then the verdict
+    would flip with the summation order of the CPU's kernels.
+
     Parameters
     ----------
     op : LinearOperator
@@ -237,28 +317,28 @@ def dottest(op, x, y, rtol=1e-13):
     y : array
         A point of the range.
     rtol : float
-        Largest relative difference accepted.
+        Largest accepted ``|<A x, y> - <x, A^H y>| / (sum |A x| |y| + sum |x| |A^H y|)``.
 
     Returns
     -------
     float
-        ``|<Ax, y> - <x, A^H y>| / max(|<Ax, y>|, |<x, A^H y>|)``, the same
-        on every rank.
+        That ratio, the same on every rank.
 
     Raises
     ------
     AssertionError
-        If the relative difference exceeds ``rtol``; the message holds both
-        inner products.
+        If the ratio exceeds ``rtol``; the message holds both inner products,
+        the bound and the ratio.
     """
     ax = op.forward(x)
     aty = op.adjoint(y)
-    lhs = inner(ax, y, op.range)
-    rhs = inner(x, aty, op.domain)
-    scale = max(abs(lhs), abs(rhs))
-    error = abs(lhs - rhs) / scale if scale > 0 else 0.0
+    lhs, lhs_bound = (float(v) for v in _global_sums(_local_inner(ax, y), op.range))
+    rhs, rhs_bound = (float(v) for v in _global_sums(_local_inner(x, aty), op.domain))
+    bound = lhs_bound + rhs_bound
+    error = abs(lhs - rhs) / bound if bound > 0 else 0.0
     if not error <= rtol:
         raise AssertionError(
-            f"dottest({op.name}): <A x, y> = {lhs!r} but <x, A^H y> = {rhs!r}; "
-            f"relative difference {error:.3e} > rtol {rtol:.1e}")
+            f"dottest({op.name}): <A x, y> = {lhs!r} but <x, A^H y> = {rhs!r}; their difference "
+            f"{abs(lhs - rhs):.3e} is {error:.3e} of the rounding bound sum|Ax||y| + sum|x||A^H y| = {bound:.6e}, "
+            f"more than rtol {rtol:.1e}")
     return error

@@ -124,7 +124,7 @@ class MpiLaunch(pytest.Item):
                 "MPISPHERE_MPIEXEC to the launcher command (e.g. 'srun --overlap')")
         markexpr = config.option.markexpr
         cmd = [*launcher, "-n", str(self.nranks), sys.executable, "-m", "pytest", "--with-mpi",
-               "-q", "--no-header", "-p", "no:cacheprovider", "--timeout=0",
+               "-q", "--no-header", "--color=no", "-p", "no:cacheprovider", "--timeout=0",
                f"--rootdir={config.rootpath}",
                f"--mpi-test-timeout={config.getoption('--mpi-test-timeout')}",
                f"--mpi-grace={config.getoption('--mpi-grace')}",
@@ -183,7 +183,12 @@ class MpiLaunch(pytest.Item):
         return self.path, None, f"{self.ntests} MPI test(s) under mpiexec -n {self.nranks}"
 
 
+_ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
 def _summary_line(text):
+    # Open MPI gives rank 0 a terminal; a launcher that forces colour would otherwise hide the counts
+    text = _ANSI_ESCAPE.sub("", text)
     found = re.findall(r"^=*\s*(\d+ (?:passed|failed|error|skipped|deselected|xfailed|xpassed).*? in [\d.]+s.*?)\s*=*$",
                        text, flags=re.M)
     return found[-1] if found else None

@@ -147,6 +147,24 @@ def _reference(name, g_ranks, axis, p, r):
     raise AssertionError(name)
 
 
+def _abs_sum(g_ranks):
+    """Elementwise sum over ranks of |terms|: the bound a sum's rounding is measured against."""
+    return sum(abs(g.astype(numpy.complex128 if g.dtype.kind == "c" else numpy.float64)) for g in g_ranks)
+
+
+def assert_sum_close(got, exact, bound, dtype):
+    """``|got - exact| <= tol * bound`` elementwise, ``bound`` the sum of |terms| (it cannot cancel).
+
+    float16 is summed in float32 and rounded once to float16 (half an ulp of
+    the result, at most 2**-11 of the bound, plus float32 rounding).
+    """
+    got = got.astype(numpy.complex128 if got.dtype.kind == "c" else numpy.float64)
+    exact = numpy.asarray(exact).astype(got.dtype)
+    tol = 2.0 ** -10 if numpy.dtype(dtype) == numpy.float16 else FLOAT_TOL[numpy.dtype(dtype)]
+    excess = abs(got - exact) - tol * bound
+    assert (excess <= 0).all(), f"rounding beyond {tol:.1e} of the bound: {excess.max():.3e} too far"
+
+
 SPLIT_CASES = [((5, 7, 11), 0), ((5, 7, 11), -1), ((5, 7, 11), 1), ((3, 4, 361), -1), ((6, 5), -2)]
 
 
@@ -174,17 +192,12 @@ def test_gathers_and_scatters_match_reference(grid, which, rng, shape, axis, dty
     y = ScatterTo(comm, axis, extent).adjoint(chunk(mine, axis, p, r))
     numpy.testing.assert_array_equal(y, _reference("GatherFrom", g_ranks, axis, p, r))
 
-    tol = FLOAT_TOL[numpy.dtype(dtype)]
     for name, op, direction in (("ReduceScatter", ReduceScatter(comm, axis, extent), "forward"),
                                 ("ReduceScatter", GatherFromCopyTo(comm, axis, extent), "adjoint")):
         y = getattr(op, direction)(mine)
         ref = _reference(name, g_ranks, axis, p, r)
         assert y.dtype == mine.dtype and y.shape == ref.shape
-        if numpy.dtype(dtype) == numpy.float16:
-            # summed in float32 and rounded once: equal to the float32 sum within float16 rounding
-            numpy.testing.assert_allclose(y.astype(numpy.float32), ref, rtol=2.0 ** -10, atol=2.0 ** -14)
-        else:
-            numpy.testing.assert_allclose(y, ref, rtol=tol, atol=tol * p)
+        assert_sum_close(y, ref, chunk(_abs_sum(g_ranks), axis, p, r), dtype)
 
 
 @pytest.mark.parametrize("which", COMMS)
@@ -198,11 +211,7 @@ def test_copy_to_and_reduce_from_match_reference(grid, which, rng, dtype):
     ref = _reference("ReduceFrom", g_ranks, 0, p, r)
     for y in (ReduceFrom(comm).forward(mine), CopyTo(comm).adjoint(mine)):
         assert y.dtype == mine.dtype and not numpy.shares_memory(y, mine)
-        if numpy.dtype(dtype) == numpy.float16:
-            numpy.testing.assert_allclose(y.astype(numpy.float32), ref, rtol=2.0 ** -10, atol=2.0 ** -14)
-        else:
-            tol = FLOAT_TOL[numpy.dtype(dtype)]
-            numpy.testing.assert_allclose(y, ref, rtol=tol, atol=tol * p)
+        assert_sum_close(y, ref, _abs_sum(g_ranks), dtype)
     numpy.testing.assert_array_equal(mine, before)  # the caller's array is never reduced in place
     for y in (CopyTo(comm).forward(mine), ReduceFrom(comm).adjoint(mine)):
         numpy.testing.assert_array_equal(y, mine)
@@ -285,16 +294,73 @@ def test_composition_adjoint_equals_reversed_adjoints(grid, rng):
     numpy.testing.assert_array_equal(AB.H.forward(y), (B.H @ A.H).forward(y))
     numpy.testing.assert_array_equal(AB.adjoint(y), B.adjoint(A.adjoint(y)))
     assert AB.H.H is not None and AB.H.domain.kind == AB.range.kind
-    # the grid-wide sum of per-column dot products: a dot test over the whole grid
-    ax, aty = AB.forward(x), AB.adjoint(y)
-    lhs = grid.cart.allreduce(float(numpy.vdot(ax, y)))
-    rhs = grid.cart.allreduce(float(numpy.vdot(x, aty)))
-    assert abs(lhs - rhs) <= 1e-13 * max(abs(lhs), abs(rhs))
+    # the operators on the row and on the column both sum over the whole grid
+    assert AB.domain.space is grid.cart and AB.range.space is grid.cart
+    assert dottest(AB, x, y) <= 1e-15
+
+
+def _cross_communicator_chain(grid, batch, nlat, nlon):
+    """A chain through grid.azimuth, grid.polar and grid.cart: (batch, h, w) -> (b_polar, nlat, nlon)."""
+    to_lon = Transpose(grid.azimuth, axes=(0, -1), extents=(batch, nlon))  # (b_az, h, nlon)
+    back = Transpose(grid.azimuth, axes=(-1, 0), extents=(nlon, batch))    # (batch, h, w)
+    to_lat = Transpose(grid.polar, axes=(0, -2), extents=(batch, nlat))    # (b_polar, nlat, w)
+    summed = ReduceScatter(grid.cart, axis=0, extent=batch)                # whole batch, partial sums -> own chunk
+    spread = GatherFromCopyTo(grid.cart, axis=0, extent=batch)             # own chunk -> a copy of the whole
+    return to_lat @ back @ to_lon, summed @ spread
+
+
+def test_compositions_across_the_grid_communicators(grid):
+    """Operators on grid.polar, grid.azimuth and grid.cart compose; their dot tests sum over the grid.
+
+    Before layouts knew their space, each part summed over its own
+    communicator and these dot tests failed on every multi-rank grid.
+    """
+    batch, nlat, nlon = 7, 11, 10
+    chain, on_cart = _cross_communicator_chain(grid, batch, nlat, nlon)
+    h, w = grid.local_shape(nlat, nlon)
+    local = rank_rng(grid.cart, seed=9)
+    x = local.standard_normal((batch, h, w))
+    y = local.standard_normal(chain.forward(x).shape)
+    assert dottest(chain, x, y) <= 1e-15
+    z = local.standard_normal((mpisphere.split_sizes(batch, grid.size)[grid.rank], 3))
+    assert dottest(on_cart, z, local.standard_normal(z.shape)) <= 1e-15
+    # cart and polar operators mixed in one chain
+    gather_rows = GatherFrom(grid.polar, axis=-2, extent=nlat)  # (batch, nlat, w), replicated over the column
+    copy_back = CopyTo(grid.polar)
+    mixed = copy_back @ gather_rows
+    y = local.standard_normal((batch, nlat, w))
+    assert dottest(mixed, x, y) <= 1e-15
+
+
+def test_compositions_with_the_sht(grid):
+    from mpisphere import DistributedInverseRealSHT, DistributedRealSHT
+    nlat, nlon = 13, 24
+    sht = DistributedRealSHT(grid, nlat, nlon, quadrature="legendre-gauss")
+    isht = DistributedInverseRealSHT(grid, nlat, nlon, quadrature="legendre-gauss")
+    # a spectral filter applied in grid space, then gathered along latitudes on each column
+    filtered = GatherFromCopyTo(grid.polar, axis=-2, extent=nlat) @ isht @ sht
+    local = rank_rng(grid.cart, seed=4)
+    x = local.standard_normal((2,) + sht.tile_shape)
+    y = local.standard_normal(filtered.forward(x).shape)
+    assert dottest(filtered, x, y, rtol=1e-13) <= 1e-13
 
 
 def test_composition_of_mismatched_layouts_is_an_error(grid):
-    with pytest.raises(ValueError, match="returns replicated arrays but ReduceScatter takes distributed"):
+    with pytest.raises(ValueError, match=r"cannot compose ReduceScatter @ GatherFrom: GatherFrom returns "
+                                         r"Layout\('replicated', grid.polar .*\) but ReduceScatter takes "
+                                         r"Layout\('distributed', grid.polar .*\); replicated arrays cannot be used "
+                                         r"as distributed ones"):
         ReduceScatter(grid.polar, 0, grid.npolar) @ GatherFrom(grid.polar, 0, grid.npolar)
+    if grid.npolar > 1 and grid.nazimuth > 1:
+        # copies along a column are not copies along a row
+        with pytest.raises(ValueError, match=r"GatherFrom returns Layout\('replicated', grid.polar .* but ScatterTo "
+                                             r"takes Layout\('replicated', grid.azimuth .*; their arrays are "
+                                             r"replicated over different ranks"):
+            ScatterTo(grid.azimuth, 0, grid.nazimuth) @ GatherFrom(grid.polar, 0, grid.npolar)
+    if grid.size > 1:
+        with pytest.raises(ValueError, match=r"CopyTo takes Layout\('replicated', .*\); their inner products sum "
+                                             r"over different ranks"):
+            CopyTo(MPI.COMM_SELF) @ ReduceFrom(grid.cart)
 
 
 def test_gather_scatter_composition_round_trip(grid, rng):
