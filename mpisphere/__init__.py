@@ -19,7 +19,7 @@ from .primitives import (
     GatherFromCopyTo,
 )
 from .halo import HaloExchange, HaloReduce
-from .quadrature import latitudes, latitude_support_band, polar_halo_radius
+from .quadrature import latitudes, latitude_support_band, polar_halo_radius, truncate_sht
 from .sht import DistributedRealSHT, DistributedInverseRealSHT
 from .backend import select_device
 
@@ -51,6 +51,7 @@ __all__ = [
     "latitudes",
     "latitude_support_band",
     "polar_halo_radius",
+    "truncate_sht",
     "DistributedRealSHT",
     "DistributedInverseRealSHT",
     "select_device",

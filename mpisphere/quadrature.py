@@ -29,6 +29,8 @@ __all__ = [
     "lobatto",
     "latitudes",
     "exact_degree",
+    "default_lmax",
+    "truncate_sht",
     "latitude_support_band",
     "polar_halo_radius",
 ]
@@ -157,6 +159,60 @@ def exact_degree(nlat, grid):
     if key == "legendre-gauss":
         return 2 * nlat - 1
     return 2 * nlat - 3
+
+
+def default_lmax(nlat, quadrature="equiangular"):
+    """torch-harmonics 0.9's default number of degrees for ``nlat`` latitudes of a grid.
+
+    ``legendre-gauss``: ``nlat``; ``lobatto``: ``nlat - 1``; ``equiangular``:
+    ``(nlat + 1) // 2`` (the degrees whose squares the Clenshaw-Curtis rule
+    integrates exactly).
+    """
+    key = canonical_grid(quadrature)
+    nlat = _points(nlat, 1, "default_lmax")
+    if key == "legendre-gauss":
+        return nlat
+    if key == "lobatto":
+        return nlat - 1
+    return (nlat + 1) // 2
+
+
+def truncate_sht(nlat, nlon, lmax=None, mmax=None, quadrature="equiangular"):
+    """Number of degrees and orders of a transform, resolved as torch-harmonics 0.9 resolves them.
+
+    Parameters
+    ----------
+    nlat, nlon : int
+        The grid.
+    lmax, mmax : int, optional
+        Requested numbers of degrees and orders (exclusive bounds). Default:
+        :func:`default_lmax` and the Nyquist limit ``nlon // 2 + 1``.
+    quadrature : {"equiangular", "legendre-gauss", "lobatto"}
+
+    Returns
+    -------
+    (int, int)
+        ``(lmax, mmax)`` after triangular truncation: both are
+        ``min(lmax, mmax)``, also when both were given, so every degree kept
+        has all its orders.
+
+    Examples
+    --------
+    >>> truncate_sht(33, 64)
+    (17, 17)
+    >>> truncate_sht(32, 64, quadrature="legendre-gauss")
+    (32, 32)
+    >>> truncate_sht(32, 64, lmax=20, mmax=17, quadrature="legendre-gauss")
+    (17, 17)
+    """
+    for name, value in (("lmax", lmax), ("mmax", mmax)):
+        if value is not None and (not isinstance(value, (int, numpy.integer)) or isinstance(value, bool)
+                                  or value < 1):
+            raise ValueError(f"truncate_sht: {name} must be a positive integer or None, got {value!r}")
+    lmax = default_lmax(nlat, quadrature) if lmax is None else int(lmax)
+    mmax = _points(nlon, 1, "truncate_sht") // 2 + 1 if mmax is None else int(mmax)
+    lmax = mmax = min(lmax, mmax)
+    return lmax, mmax
 
 
 def latitude_support_band(lats_in, lats_out, theta_cutoff):

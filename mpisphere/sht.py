@@ -10,8 +10,10 @@ and normalisation follow torch-harmonics' ``RealSHT``/``InverseRealSHT``:
   (``W`` = Legendre functions times quadrature weights);
 * inverse: ``x = irfft(sum_l P[m, l, k] c[l, m])`` without scaling (so a
   coefficient at ``m > 0`` stands for ``c e^{i m phi}`` plus its conjugate);
-* defaults ``lmax = nlat`` (``nlat - 1`` on the Lobatto grid), ``mmax = nlon
-  // 2 + 1``.
+* truncation resolved by :func:`~mpisphere.truncate_sht`, torch-harmonics
+  0.9's rule: default ``lmax`` from the quadrature (``(nlat + 1) // 2``
+  equiangular, ``nlat`` Gauss, ``nlat - 1`` Lobatto), default ``mmax = nlon
+  // 2 + 1``, then triangular: ``lmax = mmax = min(lmax, mmax)``.
 
 The data path is torch-harmonics' (azimuth transpose, real FFT, azimuth
 transpose, polar transpose, Legendre contraction, polar transpose), built
@@ -37,20 +39,14 @@ from .legendre import NORMS, associated_legendre
 from .operators import DISTRIBUTED, Layout, LinearOperator, check_input, output_array
 from .partition import check_int, flatten_leading, split_offsets, split_sizes, unflatten_leading
 from .primitives import Transpose
-from .quadrature import canonical_grid, latitudes
+from .quadrature import canonical_grid, latitudes, truncate_sht
 
-__all__ = ["DistributedRealSHT", "DistributedInverseRealSHT", "default_truncation"]
+__all__ = ["DistributedRealSHT", "DistributedInverseRealSHT"]
 
 _CONTRACTIONS = ("auto", "per-order", "batched")
 
 # numpy.fft functions take out= from NumPy 2.0; with it the FFTs write into reused buffers
 _FFT_TAKES_OUT = int(numpy.__version__.split(".")[0]) >= 2
-
-
-def default_truncation(nlat, nlon, quadrature="equiangular"):
-    """torch-harmonics' default ``(lmax, mmax)`` for a grid."""
-    lmax = nlat - 1 if canonical_grid(quadrature) == "lobatto" else nlat
-    return lmax, nlon // 2 + 1
 
 
 class _LegendreTables:
@@ -249,9 +245,9 @@ class _SHTEngine:
             quadrature = canonical_grid(quadrature)
         except ValueError as exc:
             raise ValueError(f"{who}: {exc}") from None
-        default_l, default_m = default_truncation(self.nlat, self.nlon, quadrature)
-        self.lmax = default_l if lmax is None else check_int(lmax, "lmax", who, minimum=1)
-        self.mmax = default_m if mmax is None else check_int(mmax, "mmax", who, minimum=1)
+        lmax = None if lmax is None else check_int(lmax, "lmax", who, minimum=1)
+        mmax = None if mmax is None else check_int(mmax, "mmax", who, minimum=1)
+        self.lmax, self.mmax = truncate_sht(self.nlat, self.nlon, lmax, mmax, quadrature)
         if norm not in NORMS:
             raise ValueError(f"{who}: unknown norm {norm!r}; choose one of {', '.join(NORMS)}")
         if contraction not in _CONTRACTIONS:

@@ -87,7 +87,7 @@ def tile(f, grid):
 @pytest.mark.parametrize("csphase", [True, False])
 def test_forward_and_inverse_match_reference(grid, rng, quadrature, norm, csphase):
     nlat, nlon = 17, 32  # uneven over 2 and 3 polar ranks
-    lmax, mmax = mpisphere.sht.default_truncation(nlat, nlon, quadrature)
+    lmax, mmax = mpisphere.truncate_sht(nlat, nlon, quadrature=quadrature)
     field = rng.standard_normal((2, nlat, nlon))
     sht = DistributedRealSHT(grid, nlat, nlon, quadrature=quadrature, norm=norm, csphase=csphase)
     isht = DistributedInverseRealSHT(grid, nlat, nlon, quadrature=quadrature, norm=norm, csphase=csphase)
@@ -115,14 +115,9 @@ def test_round_trip_of_band_limited_fields(grid, rng, quadrature):
     numpy.testing.assert_allclose(back, tile(field, grid), rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("quadrature", ["legendre-gauss", "lobatto"])
-def test_round_trip_at_default_truncation_on_gauss_like_grids(grid, rng, quadrature):
-    """At the default truncation the Gauss and Lobatto round trips are exact.
-
-    (On the equiangular grid the default lmax = nlat is beyond what its rule
-    integrates exactly; exact round trips there need lmax <= (nlat + 1) / 2,
-    tested above.)
-    """
+@pytest.mark.parametrize("quadrature", QUADRATURES)
+def test_round_trip_at_default_truncation(grid, rng, quadrature):
+    """At the default truncation (torch-harmonics 0.9's) the round trip of band-limited fields is exact."""
     nlat, nlon = 33, 64
     sht = DistributedRealSHT(grid, nlat, nlon, quadrature=quadrature)
     isht = DistributedInverseRealSHT(grid, nlat, nlon, quadrature=quadrature)
@@ -163,7 +158,8 @@ def test_analytic_harmonics_are_unit_vectors(grid, lead):
 def test_every_grid_equals_the_single_rank_result(grid, rng):
     nlat, nlon = 29, 50
     field = rng.standard_normal((4, nlat, nlon))
-    coeffs = rng.standard_normal((4, nlat, nlon // 2 + 1)) * (1 + 0j)
+    lmax, mmax = mpisphere.truncate_sht(nlat, nlon)
+    coeffs = rng.standard_normal((4, lmax, mmax)) * (1 + 0j)
     with ProcessGrid(MPI.COMM_SELF) as serial:
         c_serial = DistributedRealSHT(serial, nlat, nlon).forward(field)
         x_serial = DistributedInverseRealSHT(serial, nlat, nlon).forward(coeffs)
@@ -232,11 +228,11 @@ def test_contraction_methods_agree(grid, rng, contraction):
     """The batched contraction (CuPy's default) runs on NumPy too, and gives the same numbers."""
     nlat, nlon = 23, 30
     field = rng.standard_normal((3, nlat, nlon))
-    sht = DistributedRealSHT(grid, nlat, nlon, lmax=15, mmax=14, contraction=contraction)
-    isht = DistributedInverseRealSHT(grid, nlat, nlon, lmax=15, mmax=14, contraction=contraction)
-    expected = reference_forward(field, 15, 14, "equiangular")
+    sht = DistributedRealSHT(grid, nlat, nlon, lmax=14, mmax=14, contraction=contraction)
+    isht = DistributedInverseRealSHT(grid, nlat, nlon, lmax=14, mmax=14, contraction=contraction)
+    expected = reference_forward(field, 14, 14, "equiangular")
     c = sht.forward(tile(field, grid))
-    numpy.testing.assert_allclose(c, block(expected, grid, 15, 14), atol=1e-12 * abs(expected).max())
+    numpy.testing.assert_allclose(c, block(expected, grid, 14, 14), atol=1e-12 * abs(expected).max())
     expected_x = reference_inverse(expected, nlat, nlon, "equiangular")
     numpy.testing.assert_allclose(isht.forward(c), tile(expected_x, grid), atol=1e-12 * abs(expected_x).max())
     local = rank_rng(grid.cart)
@@ -246,20 +242,34 @@ def test_contraction_methods_agree(grid, rng, contraction):
     assert dottest(isht, y, x, rtol=1e-12) <= 1e-12
 
 
+@pytest.mark.parametrize("nlat, nlon, quadrature, lmax, mmax, expected", [
+    (33, 64, "equiangular", None, None, (17, 17)),
+    (32, 64, "legendre-gauss", None, None, (32, 32)),
+    (32, 64, "legendre-gauss", 20, 17, (17, 17)),
+    (32, 64, "lobatto", None, None, (31, 31)),
+    (17, 40, "equiangular", 8, 21, (8, 8)),
+    (13, 40, "equiangular", 20, 21, (20, 20)),
+])
+def test_truncation_follows_torch_harmonics_09(grid, nlat, nlon, quadrature, lmax, mmax, expected):
+    """torch-harmonics 0.9's truncate_sht: quadrature default for lmax, Nyquist for mmax, then triangular."""
+    assert mpisphere.truncate_sht(nlat, nlon, lmax, mmax, quadrature) == expected
+    for cls in (DistributedRealSHT, DistributedInverseRealSHT):
+        op = cls(grid, nlat, nlon, lmax=lmax, mmax=mmax, quadrature=quadrature)
+        assert (op.lmax, op.mmax) == expected
+
+
 def test_truncations_beyond_the_grid(grid, rng):
-    """mmax > lmax (orders with no degrees) and lmax > nlat both work and stay adjoint."""
+    """lmax > nlat (more degrees than latitudes) works and stays adjoint."""
     nlat, nlon = 13, 40
-    for lmax, mmax in ((8, 21), (20, 10), (13, 21)):
-        if lmax < grid.npolar or mmax < grid.nazimuth:
-            continue
-        sht = DistributedRealSHT(grid, nlat, nlon, lmax=lmax, mmax=mmax)
-        field = rng.standard_normal((2, nlat, nlon))
-        expected = reference_forward(field, lmax, mmax, "equiangular")
-        numpy.testing.assert_allclose(sht.forward(tile(field, grid)), block(expected, grid, lmax, mmax),
-                                      atol=1e-12 * abs(expected).max())
-        local = rank_rng(grid.cart)
-        assert dottest(sht, local.standard_normal((2,) + sht.tile_shape),
-                       random_array(local, (2,) + sht.block_shape, numpy.complex128), rtol=1e-12) <= 1e-12
+    lmax = mmax = 20
+    sht = DistributedRealSHT(grid, nlat, nlon, lmax=lmax, mmax=mmax)
+    field = rng.standard_normal((2, nlat, nlon))
+    expected = reference_forward(field, lmax, mmax, "equiangular")
+    numpy.testing.assert_allclose(sht.forward(tile(field, grid)), block(expected, grid, lmax, mmax),
+                                  atol=1e-12 * abs(expected).max())
+    local = rank_rng(grid.cart)
+    assert dottest(sht, local.standard_normal((2,) + sht.tile_shape),
+                   random_array(local, (2,) + sht.block_shape, numpy.complex128), rtol=1e-12) <= 1e-12
 
 
 def test_out_argument_and_inputs_untouched(grid, rng):
@@ -285,6 +295,15 @@ def test_tables_hold_only_this_ranks_orders(grid):
 
 
 # --- bad input -------------------------------------------------------------------------------
+
+def test_truncate_sht_rejects_non_positive_requests():
+    with pytest.raises(ValueError, match="truncate_sht: lmax must be a positive integer or None, got 0"):
+        mpisphere.truncate_sht(17, 32, lmax=0)
+    with pytest.raises(ValueError, match="mmax must be a positive integer or None, got 2.5"):
+        mpisphere.truncate_sht(17, 32, mmax=2.5)
+    with pytest.raises(ValueError, match="unknown quadrature grid 'gaussian'"):
+        mpisphere.truncate_sht(17, 32, quadrature="gaussian")
+
 
 def test_tile_of_the_wrong_shape(grid):
     sht = DistributedRealSHT(grid, 17, 32)
@@ -316,13 +335,16 @@ def test_grid_finer_than_lmax(grid):
                                              rf"split lmax={grid.npolar - 1}"):
             DistributedRealSHT(grid, 17, 32, lmax=grid.npolar - 1)
     if grid.nazimuth > 1:
-        with pytest.raises(ValueError, match=rf"{grid.nazimuth} azimuth ranks cannot split mmax=1"):
+        # triangular truncation makes lmax = mmax = 1: too few for either axis of ranks
+        with pytest.raises(ValueError, match=rf"{grid.npolar if grid.npolar > 1 else grid.nazimuth} "
+                                             rf"{'polar' if grid.npolar > 1 else 'azimuth'} ranks cannot split "
+                                             rf"{'lmax' if grid.npolar > 1 else 'mmax'}=1"):
             DistributedInverseRealSHT(grid, 17, 32, mmax=1)
 
 
 def test_bad_parameters(grid):
     with pytest.raises(ValueError, match="mmax=18 exceeds the nlon // 2 \\+ 1 = 17"):
-        DistributedRealSHT(grid, 17, 32, mmax=18)
+        DistributedRealSHT(grid, 17, 32, lmax=18, mmax=18)
     with pytest.raises(ValueError, match="DistributedRealSHT: unknown quadrature grid 'gaussian'"):
         DistributedRealSHT(grid, 17, 32, quadrature="gaussian")
     assert DistributedRealSHT(grid, 17, 32, quadrature="gauss").lmax == 17
