@@ -8,9 +8,10 @@ spherical harmonic transform built from them. See README.md for a tour.
 from .settings import config
 from .partition import split_sizes, split_offsets, split_along, flatten_leading, unflatten_leading
 from .grid import ProcessGrid
-from .operators import LinearOperator, Layout, dottest, inner, DISTRIBUTED, REPLICATED
+from .operators import LinearOperator, Layout, Identity, Diagonal, dottest, inner, DISTRIBUTED, REPLICATED
 from .primitives import (
     Transpose,
+    Exchange,
     CopyTo,
     ReduceFrom,
     ScatterTo,
@@ -18,8 +19,8 @@ from .primitives import (
     ReduceScatter,
     GatherFromCopyTo,
 )
-from .halo import HaloExchange, HaloReduce
-from .quadrature import latitudes, latitude_support_band, polar_halo_radius, truncate_sht
+from .halo import HaloExchange, HaloReduce, latitude_support_band, polar_halo_radius
+from .quadrature import latitudes, truncate_sht
 from .sht import DistributedRealSHT, DistributedInverseRealSHT
 from .backend import select_device
 
@@ -35,11 +36,14 @@ __all__ = [
     "ProcessGrid",
     "LinearOperator",
     "Layout",
+    "Identity",
+    "Diagonal",
     "dottest",
     "inner",
     "DISTRIBUTED",
     "REPLICATED",
     "Transpose",
+    "Exchange",
     "CopyTo",
     "ReduceFrom",
     "ScatterTo",

@@ -42,18 +42,22 @@ def diagnose(out=sys.stdout, probe_timeout=120):
     import mpi4py
     from mpi4py import MPI
 
-    from . import __version__, backend, collectives
-    from .cuda_aware import mpi_library_path
+    from . import __version__, backend, cuda_aware
+    from .launch import world_mismatch
     from .settings import config
 
     status = 0
     write = out.write
     write(f"mpisphere {__version__}, mpi4py {mpi4py.__version__}, numpy {numpy.__version__}, "
           f"Python {sys.version.split()[0]}\n")
-    write(f"MPI library: {mpi_library_path() or 'unknown'}\n")
+    write(f"MPI library: {cuda_aware.mpi_library_path() or 'unknown'}\n")
     write(f"MPI version: {MPI.Get_library_version().splitlines()[0].strip()} "
           f"(standard {'.'.join(map(str, MPI.Get_version()))})\n")
     write(f"ranks in COMM_WORLD: {MPI.COMM_WORLD.Get_size()}\n")
+    mismatch = world_mismatch(MPI.COMM_WORLD.Get_size())
+    if mismatch:
+        write(f"  -> {mismatch}\n")
+        status = 1
     try:
         import cupy
         devices = backend.visible_device_count()
@@ -61,9 +65,9 @@ def diagnose(out=sys.stdout, probe_timeout=120):
     except ImportError:
         devices = 0
         write("CuPy: not installed (host arrays only)\n")
-    aware, source = collectives.cuda_aware(MPI.COMM_WORLD)
+    aware, source = cuda_aware.decide(MPI.COMM_WORLD)
     write(f"CUDA-aware MPI: {'yes' if aware else 'no'} -- {source}\n")
-    write(f"path for device buffers: {collectives.describe_path(MPI.COMM_WORLD)}\n")
+    write(f"path for device buffers: {cuda_aware.describe_path(aware, source, config.force_staging)}\n")
     write(f"config: {config!r}\n")
     if devices and aware:
         ok, what = _device_probe(probe_timeout)

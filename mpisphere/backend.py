@@ -39,6 +39,10 @@ import sys
 import numpy
 
 __all__ = [
+    "is_array",
+    "shares_memory",
+    "is_writeable",
+    "copy_into",
     "array_module",
     "is_device_array",
     "device_of",
@@ -70,6 +74,54 @@ def import_cupy():
             "mpisphere: CuPy is not installed; install it with the extra that matches "
             "your CUDA toolkit, e.g. pip install 'mpisphere[cuda12]'") from exc
     return cupy
+
+
+def is_array(a):
+    """True for a NumPy or CuPy array (the inputs operators accept)."""
+    return isinstance(a, numpy.ndarray) or _is_cupy_array(a)
+
+
+def shares_memory(a, b):
+    """Whether arrays ``a`` and ``b`` overlap in memory.
+
+    Exact for NumPy arrays (interleaved views that touch no common element
+    do not overlap); a problem too hard to solve exactly counts as overlap.
+    For CuPy arrays, CuPy's bounds check (conservative: any overlap of the
+    address ranges counts).
+    """
+    if _is_cupy_array(a) or _is_cupy_array(b):
+        if not (_is_cupy_array(a) and _is_cupy_array(b)):
+            return False
+        return bool(sys.modules["cupy"].may_share_memory(a, b))
+    try:
+        return bool(numpy.shares_memory(a, b, max_work=100_000))
+    except numpy.exceptions.TooHardError:
+        return True
+
+
+def is_writeable(a):
+    """False for a read-only NumPy array (a CuPy array is always writeable)."""
+    flags = getattr(a, "flags", None)
+    return True if flags is None or _is_cupy_array(a) else bool(flags.writeable)
+
+
+def copy_into(dst, src):
+    """``dst[...] = src`` for arrays whose memory layouts differ, a cache-sized piece at a time.
+
+    A whole-array copy between transposed layouts streams through memory
+    with a large stride on one side. On the host this copies one slab of
+    ``dst``'s outermost axis at a time: each slab is a small transpose that
+    stays in cache (twice as fast at the sizes of a transform). On a device,
+    one kernel.
+    """
+    if _is_cupy_array(dst) or dst.ndim < 2 or dst.size < 1 << 15 or dst.strides == src.strides:
+        dst[...] = src
+        return
+    axis = max(range(dst.ndim), key=lambda i: abs(dst.strides[i]) if dst.shape[i] > 1 else -1)
+    index = [slice(None)] * dst.ndim
+    for k in range(dst.shape[axis]):
+        index[axis] = k
+        dst[tuple(index)] = src[tuple(index)]
 
 
 def array_module(*arrays):

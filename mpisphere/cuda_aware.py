@@ -16,16 +16,22 @@ several sources, the first definite answer winning:
    ``I_MPI_OFFLOAD=1``;
 5. otherwise: not CUDA-aware (stage through host memory; always safe).
 
-This module only looks; it does not communicate. The verdict that operators
-use is agreed over a communicator by
-:func:`mpisphere.collectives.cuda_aware`, so that every rank takes the same
-path.
+This module is the one home of the decision: detection
+(:func:`local_verdict`, remembered per process by :func:`detect`), the
+override, the agreement over a communicator (:func:`decide`), the
+description of the path (:func:`describe_path`) and :func:`reset` for
+tests. Operators need no separate call: every operator call that carries
+device buffers agrees on the answer as part of its agreement step (one more
+integer in the same reduction), so all ranks take the same path.
 """
 
 import ctypes
+import functools
 import os
 
-__all__ = ["mpi_library_path", "local_verdict"]
+from .settings import config
+
+__all__ = ["mpi_library_path", "local_verdict", "detect", "verdict", "decide", "describe_path", "reset"]
 
 # MPIX_GPU_SUPPORT_CUDA in MPICH's mpi_proto.h
 _MPIX_GPU_SUPPORT_CUDA = 0
@@ -154,3 +160,50 @@ def local_verdict(override=None, environ=None, library_path=None):
         return value, note
     notes.append(note)
     return False, "no evidence of CUDA support (" + "; ".join(notes) + "): staging through host memory"
+
+
+@functools.cache
+def detect():
+    """This process's detected verdict (no override), computed once and remembered.
+
+    The MPI library cannot change while a process runs, so the answer is
+    kept; :func:`reset` forgets it (tests, or after changing the environment).
+    """
+    return local_verdict(None)
+
+
+def verdict():
+    """This rank's answer now: the override of ``mpisphere.config.cuda_aware`` if set, else :func:`detect`."""
+    if config.cuda_aware is not None:
+        return local_verdict(config.cuda_aware)
+    return detect()
+
+
+def decide(comm):
+    """The answer agreed over ``comm`` (logical AND of every rank's :func:`verdict`).
+
+    Collective over ``comm``. Returns ``(bool, source)``; when this rank said
+    yes but another said no, the source says so.
+    """
+    aware, source = verdict()
+    if comm.Get_size() > 1:
+        from mpi4py import MPI
+        agreed = comm.allreduce(bool(aware), op=MPI.LAND)
+        if agreed != aware:
+            source = f"another rank found no CUDA support (this rank: {source})"
+        aware = agreed
+    return bool(aware), source
+
+
+def describe_path(aware, source, force_staging=False):
+    """One line naming the path device buffers take, and why."""
+    path = ("device buffers straight to MPI (CUDA-aware)" if aware
+            else "device buffers staged through pinned host memory")
+    if force_staging:
+        path += "; force_staging on: every buffer staged"
+    return f"{path} [{source}]"
+
+
+def reset():
+    """Forget the detected verdict, so that the next call of :func:`detect` looks again."""
+    detect.cache_clear()

@@ -3,50 +3,62 @@
 Latitudes (rows of a ``(..., nlat, nlon)`` field) are split over the polar
 axis of the grid, longitudes (columns) over the azimuth axis. The polar axis
 is not periodic (there is nothing north of the north pole); the azimuth axis
-is (longitude wraps around). Ranks are numbered row-major, so rank ``r`` of
-the grid has polar index ``r // nazimuth`` and azimuth index
-``r % nazimuth``.
+is (longitude wraps around). Ranks of ``grid.cart`` are numbered row-major,
+so rank ``r`` has polar index ``r // nazimuth`` and azimuth index
+``r % nazimuth``; ``order="polar-fastest"`` lays a model's ranks out the
+other way round (see :class:`ProcessGrid`).
 """
 
-import operator
+import threading
+import warnings
 
 import numpy
 from mpi4py import MPI
 
-from . import backend, collectives
+from . import backend, collectives, cuda_aware, dtypes
+from .launch import world_mismatch
 from .partition import check_int, chunk_slice, offsets_of, split_sizes
 
-__all__ = ["ProcessGrid", "GridComm"]
+__all__ = ["ProcessGrid", "GridComm", "ORDERS"]
+
+ORDERS = ("azimuth-fastest", "polar-fastest")
 
 
 class GridComm(MPI.Cartcomm):
     """A communicator of a :class:`ProcessGrid`: an mpi4py ``Cartcomm`` that knows its grid.
 
     ``grid.cart``, ``grid.polar`` and ``grid.azimuth`` are instances. They
-    behave as the ``Cartcomm`` handles they wrap, and add ``space``: the
-    grid's whole communicator, over which the inner products of operators
-    built on any of them sum (an operator on ``grid.polar`` runs as one copy
-    per column of the grid; together the copies map the whole field).
+    behave as the ``Cartcomm`` handles they wrap, and add
+
+    ``space``
+        the grid's whole communicator, over which the inner products of
+        operators built on any of them sum (an operator on ``grid.polar``
+        runs as one copy per column of the grid; together the copies map the
+        whole field);
+    ``lock``
+        one lock per grid, held while an operator communicates on any of its
+        communicators: a second thread that tries raises instead of mixing
+        its messages with the first one's (use :meth:`ProcessGrid.dup` for a
+        grid of its own).
     """
 
     @classmethod
-    def _wrap(cls, comm, name, space=None):
+    def _wrap(cls, comm, name, space, lock):
         wrapped = cls(comm)
         wrapped.space = wrapped if space is None else space
+        wrapped.lock = lock
         wrapped.Set_name(name)
         return wrapped
 
 
-def _grid_dims(size, npolar, nazimuth):
-    npolar = None if npolar is None else check_int(npolar, "npolar", "ProcessGrid", minimum=1)
-    nazimuth = None if nazimuth is None else check_int(nazimuth, "nazimuth", "ProcessGrid", minimum=1)
+def _resolve_dims(size, npolar, nazimuth):
+    """The grid dims for a communicator of ``size`` ranks (same answer on every rank), or ValueError."""
     if npolar is None and nazimuth is None:
         npolar, nazimuth = MPI.Compute_dims(size, 2)
     elif npolar is None or nazimuth is None:
         given_name, given = ("npolar", npolar) if nazimuth is None else ("nazimuth", nazimuth)
         if size % given:
-            raise ValueError(
-                f"ProcessGrid: {given_name}={given} does not divide the communicator size {size}")
+            raise ValueError(f"ProcessGrid: {given_name}={given} does not divide the communicator size {size}")
         other = size // given
         npolar, nazimuth = (given, other) if nazimuth is None else (other, given)
     if npolar * nazimuth != size:
@@ -54,6 +66,18 @@ def _grid_dims(size, npolar, nazimuth):
             f"ProcessGrid: npolar x nazimuth = {npolar} x {nazimuth} = {npolar * nazimuth} ranks, "
             f"but the communicator has {size}")
     return npolar, nazimuth
+
+
+def _requested(npolar, nazimuth, order):
+    """This rank's request, checked locally: ``((npolar, nazimuth, order), error text or None)``."""
+    try:
+        npolar = None if npolar is None else check_int(npolar, "npolar", "ProcessGrid", minimum=1)
+        nazimuth = None if nazimuth is None else check_int(nazimuth, "nazimuth", "ProcessGrid", minimum=1)
+        if order not in ORDERS:
+            raise ValueError(f"ProcessGrid: order must be one of {', '.join(ORDERS)}, got {order!r}")
+    except (TypeError, ValueError) as exc:
+        return (repr(npolar), repr(nazimuth), repr(order)), (type(exc).__name__, str(exc))
+    return (npolar, nazimuth, order), None
 
 
 class ProcessGrid:
@@ -69,12 +93,22 @@ class ProcessGrid:
         Grid dimensions; their product must equal ``comm``'s size. Either or
         both may be omitted: ``MPI.Compute_dims`` (or the division of the size
         by the one given) fills them in.
+    order : {"azimuth-fastest", "polar-fastest"}, keyword-only
+        How ``comm``'s ranks map to grid positions. ``"azimuth-fastest"``
+        (default): rank ``r`` of ``comm`` sits at polar index
+        ``r // nazimuth``, azimuth index ``r % nazimuth``.
+        ``"polar-fastest"``: polar index ``r % npolar``, azimuth index
+        ``r // npolar`` (a model that numbers its ranks latitude-fastest, as
+        ``MPI_Cart_create`` does with the longitude dimension listed first).
+        ``grid.cart`` is always numbered row-major; ``grid.comm_rank`` is the
+        rank in ``comm``. A model whose own tiles must match mpisphere's can
+        check them with :meth:`check_tile`.
 
     Attributes
     ----------
     cart : GridComm
         Cartesian communicator, dims ``[npolar, nazimuth]``, periods
-        ``[False, True]``, ranks in ``comm`` order (no reordering).
+        ``[False, True]``, ranks row-major.
     polar : GridComm
         The ranks that share this rank's azimuth index (a column of the grid);
         its rank is :attr:`polar_rank`. Latitude splits use it.
@@ -82,33 +116,76 @@ class ProcessGrid:
         The ranks that share this rank's polar index (a row of the grid); its
         rank is :attr:`azimuth_rank`. Longitude splits use it.
     npolar, nazimuth : int
+    rank, size : int
+        This rank and the number of ranks in :attr:`cart`.
     polar_rank, azimuth_rank : int
     polar_neighbors : (int, int)
         ``(north, south)`` ranks in :attr:`polar`, ``MPI.PROC_NULL`` past the poles.
     azimuth_neighbors : (int, int)
         ``(west, east)`` ranks in :attr:`azimuth`, periodic.
+    cuda_aware : (bool, str)
+        The CUDA-aware decision agreed over :attr:`cart` at construction,
+        and where it came from (see :mod:`mpisphere.cuda_aware`).
 
     Raises
     ------
     ValueError
-        If the dims do not multiply to the communicator size or one is not
-        positive. Raised on every rank before any collective call.
+        On every rank, before the grid's communicators are created: dims
+        that do not multiply to the communicator size, a dim that is not
+        positive, or ranks that ask for different grids.
+    RuntimeError
+        When the MPI world has one rank but the launcher started more
+        processes (``srun`` with a PMI plugin the MPI does not speak): the
+        message says which ``--mpi=`` to use.
 
     Notes
     -----
-    Construction is collective over ``comm``. Free the grid with
-    :meth:`free` or use it as a context manager.
+    Construction and :meth:`free` are collective over ``comm``. Free the
+    grid with :meth:`free` or use it as a context manager; a grid dropped
+    without either warns (``ResourceWarning``), because freeing a
+    communicator is collective and cannot safely happen in a destructor.
     """
 
-    def __init__(self, comm=None, npolar=None, nazimuth=None):
+    def __init__(self, comm=None, npolar=None, nazimuth=None, *, order="azimuth-fastest"):
+        self._freed = True  # until the communicators exist
         comm = MPI.COMM_WORLD if comm is None else comm
         if not isinstance(comm, MPI.Intracomm):
-            raise TypeError(f"ProcessGrid: comm must be an mpi4py Intracomm, got {type(comm).__name__}")
-        self.npolar, self.nazimuth = _grid_dims(comm.Get_size(), npolar, nazimuth)
-        self.cart = GridComm._wrap(comm.Create_cart([self.npolar, self.nazimuth], periods=[False, True],
-                                                    reorder=False), "grid.cart")
-        self.polar = GridComm._wrap(self.cart.Sub([True, False]), "grid.polar", self.cart)
-        self.azimuth = GridComm._wrap(self.cart.Sub([False, True]), "grid.azimuth", self.cart)
+            hint = " (pass a communicator such as MPI.COMM_WORLD)" if isinstance(comm, ProcessGrid) else ""
+            raise TypeError(f"ProcessGrid: comm must be an mpi4py Intracomm, got {type(comm).__name__}{hint}")
+        if comm == MPI.COMM_NULL:
+            raise ValueError("ProcessGrid: comm is MPI.COMM_NULL")
+        mismatch = world_mismatch(MPI.COMM_WORLD.Get_size())
+        if mismatch is not None:
+            raise RuntimeError(f"ProcessGrid: {mismatch}")
+        request, error = _requested(npolar, nazimuth, order)
+        everyone = collectives.allgather_object(comm, (request, error))
+        errors = [(r, e) for r, (_, e) in enumerate(everyone) if e is not None]
+        if errors:
+            kinds = {kind for _, (kind, _) in errors}
+            cls = TypeError if kinds == {"TypeError"} else ValueError
+            raise cls(" | ".join(f"rank {r}: {text}" for r, (_, text) in errors[:4])
+                      + (f" | and {len(errors) - 4} more ranks" if len(errors) > 4 else ""))
+        odd = [r for r, (req, _) in enumerate(everyone) if req != everyone[0][0]]
+        if odd:
+            def show(req):
+                return f"npolar={req[0]}, nazimuth={req[1]}, order={req[2]!r}"
+            raise ValueError("ProcessGrid: ranks asked for different grids: rank 0 " + show(everyone[0][0]) + "; "
+                             + "; ".join(f"rank {r} {show(everyone[r][0])}" for r in odd[:4]))
+        self.npolar, self.nazimuth = _resolve_dims(comm.Get_size(), npolar, nazimuth)
+        self.order = order
+        self.comm_rank = comm.Get_rank()
+        owned = []
+        if order == "polar-fastest":
+            p, a = self.comm_rank % self.npolar, self.comm_rank // self.npolar
+            comm = comm.Split(0, p * self.nazimuth + a)
+            owned.append(comm)
+        self._lock = threading.RLock()
+        cart = comm.Create_cart([self.npolar, self.nazimuth], periods=[False, True], reorder=False)
+        self.cart = GridComm._wrap(cart, "grid.cart", None, self._lock)
+        self.polar = GridComm._wrap(self.cart.Sub([True, False]), "grid.polar", self.cart, self._lock)
+        self.azimuth = GridComm._wrap(self.cart.Sub([False, True]), "grid.azimuth", self.cart, self._lock)
+        self._owned = owned
+        self._freed = False
         self.polar_rank = self.polar.Get_rank()
         self.azimuth_rank = self.azimuth.Get_rank()
         self.rank = self.cart.Get_rank()
@@ -118,32 +195,48 @@ class ProcessGrid:
         self.polar_neighbors = (north, south)
         self.azimuth_neighbors = ((self.azimuth_rank - 1) % self.nazimuth,
                                   (self.azimuth_rank + 1) % self.nazimuth)
-        self._freed = False
-        # One collective decision for the whole grid, so operators on its
-        # sub-communicators never need a collective of their own for it.
-        collectives.cuda_aware(self.cart)
+        self.cuda_aware = cuda_aware.decide(self.cart)
 
     @classmethod
-    def from_fortran(cls, handle, npolar=None, nazimuth=None):
+    def from_fortran(cls, handle, npolar=None, nazimuth=None, *, order="azimuth-fastest"):
         """Build a grid from a Fortran ``MPI_Comm`` handle (an integer).
 
-        Use it when a Fortran model owns the communicator, e.g. passed through
-        f2py or ctypes as ``comm%MPI_VAL`` / ``INTEGER comm``.
+        Use it when a Fortran model owns the communicator, passed through
+        f2py, ctypes or a C shim as ``comm%MPI_VAL`` (``mpi_f08``) or the
+        ``INTEGER`` handle (``mpif.h``/``use mpi``). The grid's communicators
+        are new ones made from it: a Cartesian topology the handle may carry
+        is not used, the ranks are laid out by ``order`` (see
+        :class:`ProcessGrid`), and the model's own communicator is never
+        freed by the grid.
         """
         try:
-            handle = operator.index(handle)
+            handle = check_int(handle, "handle", "ProcessGrid.from_fortran")
         except TypeError:
             raise TypeError(f"ProcessGrid.from_fortran: handle must be an integer, got {handle!r}") from None
         comm = MPI.Intracomm.f2py(handle)
         if comm == MPI.COMM_NULL:
             raise ValueError(f"ProcessGrid.from_fortran: handle {handle} is MPI_COMM_NULL")
-        return cls(comm, npolar, nazimuth)
+        return cls(comm, npolar, nazimuth, order=order)
+
+    def dup(self):
+        """A grid of the same shape and order on duplicated communicators (collective).
+
+        Give each thread that runs mpisphere operations its own grid: MPI
+        matches the collectives of one communicator in call order, so two
+        threads on one grid would mix their messages.
+        """
+        self._check_alive()
+        parent = self.cart.Dup()  # row-major like cart, so the twin's positions are this grid's
+        twin = ProcessGrid(parent, self.npolar, self.nazimuth)
+        twin._owned.append(parent)
+        twin.order, twin.comm_rank = self.order, self.comm_rank
+        return twin
 
     # --- tiles ---------------------------------------------------------------
 
     def _check_extents(self, nlat, nlon, who):
-        nlat = operator.index(nlat)
-        nlon = operator.index(nlon)
+        nlat = check_int(nlat, "nlat", f"ProcessGrid.{who}")
+        nlon = check_int(nlon, "nlon", f"ProcessGrid.{who}")
         if nlat < self.npolar:
             raise ValueError(
                 f"ProcessGrid.{who}: {self.npolar} polar ranks cannot split {nlat} latitudes "
@@ -165,7 +258,7 @@ class ProcessGrid:
     def tile_slices(self, nlat, nlon, rank=None):
         """``(lat_slice, lon_slice)`` of grid rank ``rank``'s tile (default: this rank)."""
         nlat, nlon = self._check_extents(nlat, nlon, "tile_slices")
-        rank = self.rank if rank is None else operator.index(rank)
+        rank = self.rank if rank is None else check_int(rank, "rank", "ProcessGrid.tile_slices")
         if not 0 <= rank < self.size:
             raise ValueError(f"ProcessGrid.tile_slices: rank {rank} out of range for {self.size} ranks")
         p, a = divmod(rank, self.nazimuth)
@@ -179,6 +272,47 @@ class ProcessGrid:
         """``(h, w)``: this rank's tile of a ``(nlat, nlon)`` field."""
         lat, lon = self.local_slices(nlat, nlon)
         return lat.stop - lat.start, lon.stop - lon.start
+
+    def check_tile(self, nlat, nlon, lat, lon):
+        """Collective check that a model's own tile on this rank is mpisphere's tile.
+
+        Parameters
+        ----------
+        nlat, nlon : int
+            The global grid.
+        lat, lon : slice or (int, int)
+            The model's tile on this rank: 0-based ``start, stop`` of its
+            latitudes and longitudes (a Fortran model passes ``first - 1,
+            last`` of its 1-based ranges).
+
+        Raises
+        ------
+        ValueError
+            On every rank when any rank's tile differs, naming each such rank
+            with what it holds and what mpisphere expects there (a model that
+            numbers its ranks another way needs ``order="polar-fastest"``).
+        """
+        self._check_alive()
+        mine = self.tile_slices(nlat, nlon)
+        try:
+            given = tuple((int(t.start), int(t.stop)) if isinstance(t, slice) else tuple(int(v) for v in t)
+                          for t in (lat, lon))
+        except (TypeError, ValueError):
+            given = None
+        expected = ((mine[0].start, mine[0].stop), (mine[1].start, mine[1].stop))
+        everyone = collectives.allgather_object(self.cart, (given, expected))
+        wrong = [(r, g, e) for r, (g, e) in enumerate(everyone) if g != e]
+        if wrong:
+            def show(t):
+                return "not a pair of (start, stop) ranges" if t is None else \
+                    f"latitudes {t[0][0]}:{t[0][1]}, longitudes {t[1][0]}:{t[1][1]}"
+            hint = ("; the tiles are mpisphere's tiles in another rank order: build the grid with "
+                    f"order={'polar-fastest' if self.order == 'azimuth-fastest' else 'azimuth-fastest'!r}"
+                    if sorted(g for _, g, _ in wrong if g) == sorted(e for _, _, e in wrong) else "")
+            raise ValueError(f"ProcessGrid.check_tile: the model's tiles of the {nlat} x {nlon} field differ from "
+                             f"mpisphere's on {len(wrong)} of {self.size} ranks: "
+                             + "; ".join(f"rank {r} holds {show(g)}, expected {show(e)}" for r, g, e in wrong[:4])
+                             + (f"; and {len(wrong) - 4} more ranks" if len(wrong) > 4 else "") + hint)
 
     # --- whole fields (I/O, tests) ----------------------------------------------
 
@@ -199,26 +333,36 @@ class ProcessGrid:
             This rank's tile, C-contiguous, in the field's array module
             (NumPy on ranks other than root unless they pass a CuPy array as
             ``field`` to say where the tile should live).
+
+        Raises
+        ------
+        ValueError, TypeError
+            On every rank, when root's field cannot be scattered (not an
+            array, fewer than 2 axes, an unsupported dtype, too small for the
+            grid).
         """
         self._check_alive()
-        root = self._check_root(root)
-        meta = None
-        error = None
+        root = self._check_root(root, "scatter")
+        meta = error = None
         if self.rank == root:
-            if field is None or getattr(field, "ndim", 0) < 2:
-                error = f"root {root} must pass an array with at least 2 axes, got {type(field).__name__}"
+            if not backend.is_array(field) or field.ndim < 2:
+                error = ("TypeError" if not backend.is_array(field) else "ValueError",
+                         f"root {root} must pass an array with at least 2 axes, got "
+                         f"{type(field).__name__} {getattr(field, 'shape', '')}".rstrip())
+            elif dtypes.unsupported(field.dtype):
+                error = ("TypeError", f"root {root}'s field: {dtypes.unsupported(field.dtype)}")
             else:
                 meta = (tuple(field.shape), numpy.dtype(field.dtype).str)
                 try:
                     self._check_extents(field.shape[-2], field.shape[-1], "scatter")
                 except ValueError as exc:
-                    error = str(exc)
+                    error = ("ValueError", str(exc).removeprefix("ProcessGrid.scatter: "))
         meta, error = collectives.bcast_object(self.cart, (meta, error), root=root)
         if error:
-            raise ValueError(f"ProcessGrid.scatter: {error}")
+            raise (TypeError if error[0] == "TypeError" else ValueError)(f"ProcessGrid.scatter: {error[1]}")
         shape, dtype = meta
         lead, nlat, nlon = shape[:-2], shape[-2], shape[-1]
-        xp = backend.array_module(field) if field is not None else numpy
+        xp = backend.array_module(field) if backend.is_array(field) else numpy
         h, w = self.local_shape(nlat, nlon)
         tile = xp.empty(lead + (h, w), dtype=dtype)
         counts, displs, send = [], [], None
@@ -232,11 +376,17 @@ class ProcessGrid:
                 counts.append(block.size)
                 displs.append(start)
                 start += block.size
-        collectives.scatterv(self.cart, send, counts, displs, tile.reshape(-1), root=root)
+        collectives.scatterv(self.cart, send, counts, displs, tile.reshape(-1), root=root,
+                             staged=backend.is_device_array(tile) and not self.cuda_aware[0])
         return tile
 
     def gather(self, tile, root=0):
         """Assemble the tiles of all ranks into the whole field on ``root``.
+
+        Also assembles coefficient blocks: the block of a transform on this
+        grid is a tile of the ``(lmax, mmax)`` array (degrees split over the
+        polar axis, orders over the azimuth axis, in the contiguous layout),
+        so ``grid.gather(sht.forward(x))`` is the whole coefficient array.
 
         Parameters
         ----------
@@ -256,8 +406,9 @@ class ProcessGrid:
             :func:`~mpisphere.partition.split_sizes` tiles of one field.
         """
         self._check_alive()
-        root = self._check_root(root)
-        mine = (tuple(tile.shape), numpy.dtype(tile.dtype).str) if getattr(tile, "ndim", 0) >= 2 else None
+        root = self._check_root(root, "gather")
+        mine = (tuple(tile.shape), numpy.dtype(tile.dtype).str) if backend.is_array(tile) and tile.ndim >= 2 \
+            else None
         everyone = collectives.allgather_object(self.cart, mine)
         shape = self._fit_tiles(everyone)
         lead, nlat, nlon = shape[:-2], shape[-2], shape[-1]
@@ -267,7 +418,8 @@ class ProcessGrid:
         counts = [int(numpy.prod(s)) for s, _ in everyone]
         displs = offsets_of(counts)
         recv = xp.empty(sum(counts), dtype=dtype) if self.rank == root else None
-        collectives.gatherv(self.cart, tile.reshape(-1), recv, counts, displs, root=root)
+        collectives.gatherv(self.cart, tile.reshape(-1), recv, counts, displs, root=root,
+                            staged=backend.is_device_array(tile) and not self.cuda_aware[0])
         if self.rank != root:
             return None
         field = xp.empty(lead + (nlat, nlon), dtype=dtype)
@@ -286,40 +438,73 @@ class ProcessGrid:
         if odd:
             raise ValueError(
                 "ProcessGrid.gather: tiles disagree in leading shape or dtype: rank 0 has "
-                f"{everyone[0][0]} {dtype}, "
-                + ", ".join(f"rank {r} has {everyone[r][0]} {everyone[r][1]}" for r in odd))
-        heights = [everyone[p * self.nazimuth][0][-2] for p in range(self.npolar)]
-        widths = [everyone[a][0][-1] for a in range(self.nazimuth)]
-        nlat, nlon = sum(heights), sum(widths)
-        for r, (s, _) in enumerate(everyone):
-            p, a = divmod(r, self.nazimuth)
-            expected = (split_sizes(nlat, self.npolar)[p], split_sizes(nlon, self.nazimuth)[a])
-            if tuple(s[-2:]) != expected:
-                raise ValueError(
-                    f"ProcessGrid.gather: rank {r} has a tile of {tuple(s[-2:])}, expected {expected} "
-                    f"for a {nlat} x {nlon} field on a {self.npolar} x {self.nazimuth} grid")
-        return lead + (nlat, nlon)
+                f"{everyone[0][0]} {numpy.dtype(dtype).name}, "
+                + ", ".join(f"rank {r} has {everyone[r][0]} {numpy.dtype(everyone[r][1]).name}" for r in odd))
+        heights = numpy.array([s[-2] for s, _ in everyone]).reshape(self.npolar, self.nazimuth)
+        widths = numpy.array([s[-1] for s, _ in everyone]).reshape(self.npolar, self.nazimuth)
+        problems = []
+        # every row of the grid shares its height and every column its width ...
+        for p in range(self.npolar):
+            if len(set(heights[p])) > 1:
+                problems.append(f"polar row {p} (ranks {p * self.nazimuth}..{(p + 1) * self.nazimuth - 1}) has "
+                                f"tile heights {heights[p].tolist()}, which must be equal")
+        for a in range(self.nazimuth):
+            if len(set(widths[:, a])) > 1:
+                problems.append(f"azimuth column {a} (ranks {a}, {a + self.nazimuth}, ...) has tile widths "
+                                f"{widths[:, a].tolist()}, which must be equal")
+        # ... and the heights and widths are split_sizes of their sums
+        if not problems:
+            for what, sizes, parts in (("heights", heights[:, 0], self.npolar), ("widths", widths[0], self.nazimuth)):
+                total = int(sizes.sum())
+                if total < parts or sizes.tolist() != split_sizes(total, parts):
+                    problems.append(f"tile {what} {sizes.tolist()} along the grid are not split_sizes({total}, "
+                                    f"{parts}) = {split_sizes(total, parts) if total >= parts else '(too few)'}")
+        if problems:
+            table = ", ".join(f"rank {r}: {tuple(s[-2:])}" for r, (s, _) in enumerate(everyone))
+            raise ValueError("ProcessGrid.gather: the tiles do not fit together as one field: "
+                             + "; ".join(problems) + f" (tiles: {table})")
+        return lead + (int(heights[:, 0].sum()), int(widths[0].sum()))
 
     # --- housekeeping ---------------------------------------------------------------
 
-    def _check_root(self, root):
-        root = operator.index(root)
+    def _check_root(self, root, who):
+        root = check_int(root, "root", f"ProcessGrid.{who}")
         if not 0 <= root < self.size:
-            raise ValueError(f"ProcessGrid: root {root} out of range for {self.size} ranks")
+            raise ValueError(f"ProcessGrid.{who}: root {root} out of range for {self.size} ranks")
         return root
 
     def _check_alive(self):
         if self._freed:
-            raise RuntimeError("ProcessGrid: used after free()")
+            raise RuntimeError("ProcessGrid: used after free(); its communicators no longer exist")
+
+    @property
+    def freed(self):
+        """True once :meth:`free` has run."""
+        return self._freed
+
+    @property
+    def device_buffer_path(self):
+        """One line: how device buffers reach MPI on this grid (CUDA-aware or staged), and why."""
+        from .settings import config
+        return cuda_aware.describe_path(*self.cuda_aware, force_staging=config.force_staging)
 
     def free(self):
-        """Free the communicators (collective). Safe to call twice."""
+        """Free the communicators (collective). Safe to call twice.
+
+        Operators built on the grid cannot be used afterwards: they raise.
+        """
         if self._freed:
             return
         self._freed = True
         if not MPI.Is_finalized():
-            for comm in (self.azimuth, self.polar, self.cart):
+            for comm in (self.azimuth, self.polar, self.cart, *self._owned):
                 comm.Free()
+
+    def __del__(self):
+        if not getattr(self, "_freed", True) and not MPI.Is_finalized():
+            warnings.warn(f"{self!r} was never freed: call grid.free() (collective) or use "
+                          "'with ProcessGrid(...) as grid:'. Each grid holds three MPI communicators, and MPI "
+                          "runs out of them (MPICH after about 680 grids).", ResourceWarning, stacklevel=2)
 
     def __enter__(self):
         return self
@@ -329,5 +514,7 @@ class ProcessGrid:
         return False
 
     def __repr__(self):
+        if getattr(self, "npolar", None) is None:
+            return "ProcessGrid(not constructed)"
         return (f"ProcessGrid({self.npolar} x {self.nazimuth}, rank {self.rank} at "
                 f"(polar {self.polar_rank}, azimuth {self.azimuth_rank}))")

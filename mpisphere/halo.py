@@ -1,4 +1,4 @@
-"""Halo (ghost-cell) exchange on the process grid, and its adjoint.
+"""Halo (ghost-cell) exchange on the process grid, its adjoint, and halo widths from geometry.
 
 A tile ``(..., h, w)`` is padded to ``(..., h + 2*rows, w + 2*cols)``:
 
@@ -16,25 +16,73 @@ rows go home first and are added onto the owner's rows at full padded width,
 then halo columns (now holding the corner contributions) go home and are
 added onto the owner's columns; what lies past a pole is dropped.
 
-Each phase posts its two messages together (``Isend``/``Irecv`` on the
+Agreement with the neighbours
+-----------------------------
+A halo exchange talks only to its (up to eight) neighbours, so it agrees
+with them, not with the whole grid: before the data moves, each rank sends
+every neighbour a record of four integers (its own verdict on its input, a
+digest of the call: operator, widths, direction, leading shape, dtype, and
+its tile's height and width) and receives theirs. A pair of neighbours
+exchanges data only when both records are clean and fit together (same
+digest, equal heights along a row of the grid and equal widths along a
+column, halos no wider than the tiles they come from); both sides decide
+alike, so no message is left unmatched. A rank raises when anything in its
+3x3 neighbourhood is wrong (its own input, a neighbour's, or a pair whose
+data reaches its halo), with the neighbours' own descriptions in the
+message; ranks farther from a mistake exchanged nothing with it and return
+correct results. Composed with other operators (``@``), a halo exchange
+takes part in the composition's agreement over the whole grid instead,
+which is why it needs ``extents`` there.
+
+Each phase posts its messages together (``Isend``/``Irecv`` on the
 neighbours), packed into buffers that a per-shape plan allocates once.
 (Measured with MPICH: packing with NumPy beats MPI subarray datatypes on
 these thin blocks, 0.12 against 0.22 ms for a column exchange.) A width of 0
 in a direction posts no message in that direction.
+
+:func:`polar_halo_radius` derives the halo width of a localized operator
+(a convolution of a given angular radius) from the latitudes and the grid.
 """
+
+import math
 
 import numpy
 from mpi4py import MPI
 
-from . import backend, collectives
-from .operators import DISTRIBUTED, AdjointOperator, Layout, LinearOperator, check_input, output_array
-from .partition import check_int
-from .primitives import SUPPORTED_DTYPES
+from . import backend, collectives, dtypes
+from .settings import config
+from .operators import (ADJOINT, DISTRIBUTED, FORWARD, Context, InputError, Layout, LinearOperator, Spec,
+                        call_description, check_out, digest)
+from .partition import check_int, split_sizes
 
-__all__ = ["HaloExchange", "HaloReduce"]
+__all__ = ["HaloExchange", "HaloReduce", "latitude_support_band", "polar_halo_radius"]
 
-# message tags, one per direction of travel
+# message tags of the data, one per direction of travel
 _TO_NORTH, _TO_SOUTH, _TO_WEST, _TO_EAST = 11, 12, 13, 14
+# the eight neighbours: (polar step, azimuth step); metadata travels with tag _META + direction index
+_DIRECTIONS = ((-1, 0), (1, 0), (0, -1), (0, 1), (-1, -1), (-1, 1), (1, -1), (1, 1))
+_NAMES = ("north", "south", "west", "east", "north-west", "north-east", "south-west", "south-east")
+_OPPOSITE = (1, 0, 3, 2, 7, 6, 5, 4)
+_META = 100
+# pairs of directions (a, b) whose data reaches this rank's corners: neighbour a exchanges with b's rank
+_CORNER_CHAINS = ((0, 4, 2), (0, 5, 3), (1, 6, 2), (1, 7, 3))  # (polar neighbour, diagonal, its azimuth step)
+_GATHER = {FORWARD: True, ADJOINT: False, "update": True, "accumulate": False}
+
+
+def _check_grid(grid, who):
+    if not (hasattr(grid, "cart") and hasattr(grid, "polar") and hasattr(grid, "polar_neighbors")):
+        hint = (" (a communicator; pass the ProcessGrid it belongs to)" if isinstance(grid, MPI.Comm) else "")
+        raise TypeError(f"{who}: grid must be a ProcessGrid, got {type(grid).__name__}{hint}")
+    if getattr(grid, "freed", False):
+        raise RuntimeError(f"{who}: the grid was freed (grid.free())")
+
+
+def _check_extents(extents, who):
+    try:
+        nlat, nlon = extents
+    except (TypeError, ValueError):
+        raise TypeError(f"{who}: extents must be a pair (nlat, nlon) of integers, got {extents!r}") from None
+    return check_int(nlat, "extents[0] (nlat)", who, minimum=1), check_int(nlon, "extents[1] (nlon)", who, minimum=1)
 
 
 class HaloExchange(LinearOperator):
@@ -51,8 +99,9 @@ class HaloExchange(LinearOperator):
     extents : (int, int), optional
         Global ``(nlat, nlon)``. When given, the halo widths are checked
         against the smallest tile at construction (identically on every rank)
-        and every call checks its tile shape against this rank's tile.
-        Without it each rank can only check its own tile.
+        and every call checks its tile shape against this rank's tile; it is
+        needed to compose the exchange with other operators. Without it, the
+        neighbours check each other's tiles when they agree.
 
     Notes
     -----
@@ -71,27 +120,47 @@ class HaloExchange(LinearOperator):
         would have to reach past the neighbour), raised before any message.
     """
 
+    _label = "HaloExchange"
+
     def __init__(self, grid, rows, cols=0, *, extents=None):
+        _check_grid(grid, self._label)
         self.grid = grid
-        self.rows = check_int(rows, "rows", "HaloExchange")
-        self.cols = check_int(cols, "cols", "HaloExchange")
+        self.rows = check_int(rows, "rows", self._label, minimum=0)
+        self.cols = check_int(cols, "cols", self._label, minimum=0)
         self.domain = Layout(DISTRIBUTED, grid.cart)
         self.range = Layout(DISTRIBUTED, grid.cart)
+        self._comm = grid.cart
         self.tile = None
         self.extents = None
         if extents is not None:
-            nlat, nlon = extents
+            nlat, nlon = _check_extents(extents, self._label)
             lat_sizes, lon_sizes = grid.lat_sizes(nlat), grid.lon_sizes(nlon)
             error = self._width_error(min(lat_sizes), min(lon_sizes),
                                       f"nlat={nlat} split over {grid.npolar} polar ranks as {lat_sizes}",
                                       f"nlon={nlon} split over {grid.nazimuth} azimuth ranks as {lon_sizes}",
                                       "the smallest")
             if error is not None:
-                raise ValueError(f"HaloExchange: {error}")
+                raise ValueError(f"{self._label}: {error}")
             self.extents = (nlat, nlon)
             self.tile = grid.local_shape(nlat, nlon)
         self._workspace = backend.Workspace()
         self._plans = {}
+        self._neighbours = self._find_neighbours()
+
+    @property
+    def name(self):
+        return self._label
+
+    @property
+    def needs_own_agreement(self):
+        """Why this exchange cannot be composed with other operators, or ``None``."""
+        if self.extents is None:
+            return ("without extents each rank knows only its own tile, and the tiles can be checked only by the "
+                    "neighbours' own agreement; build it with extents=(nlat, nlon)")
+        return None
+
+    def _describe(self):
+        return f"{self._label}(rows={self.rows}, cols={self.cols}, extents={self.extents})"
 
     def _width_error(self, min_h, min_w, lat_detail, lon_detail, whose):
         if self.grid.npolar > 1 and self.rows > min_h:
@@ -107,58 +176,63 @@ class HaloExchange(LinearOperator):
                     f"{min_w} halo columns, fewer azimuth ranks or more longitudes")
         return None
 
-    # --- validation ---------------------------------------------------------
+    def _find_neighbours(self):
+        """``{direction: cart rank}`` of the neighbours whose data this exchange moves (not itself)."""
+        g = self.grid
+        found = {}
+        for d, (dp, da) in enumerate(_DIRECTIONS):
+            if dp and not (self.rows and g.npolar > 1):
+                continue
+            if da and not (self.cols and g.nazimuth > 1):
+                continue
+            p = g.polar_rank + dp
+            if not 0 <= p < g.npolar:
+                continue
+            found[d] = p * g.nazimuth + (g.azimuth_rank + da) % g.nazimuth
+        return found
 
-    def _check(self, who, a, padded):
-        """This rank's tile ``(h, w)`` for input ``a``, after the checks (collective in debug mode)."""
-        error = None
-        tile = None
-        dtype = getattr(a, "dtype", None)
-        if dtype is None or getattr(a, "ndim", 0) < 2:
-            error = TypeError, (f"expected an array with at least 2 axes, got {type(a).__name__} "
-                                f"{getattr(a, 'shape', '')}")
-        elif numpy.dtype(dtype) not in SUPPORTED_DTYPES:
-            error = TypeError, f"unsupported dtype {numpy.dtype(dtype)}"
-        else:
-            H, W = a.shape[-2:]
-            tile = (H - 2 * self.rows, W - 2 * self.cols) if padded else (H, W)
-            what = "padded tile" if padded else "tile"
-            if self.tile is not None and tile != self.tile:
-                expected = (self.tile[0] + 2 * self.rows, self.tile[1] + 2 * self.cols) if padded else self.tile
-                error = ValueError, (f"expected a {what} of {expected} in the last two axes for this rank of a "
-                                     f"{self.extents[0]} x {self.extents[1]} field, got {(H, W)}")
-            elif min(tile) < 1:
-                error = ValueError, f"a {what} of {(H, W)} holds no interior for halo {self.rows} x {self.cols}"
-            else:
-                message = self._width_error(tile[0], tile[1], f"this rank's tile is {tile}",
-                                            f"this rank's tile is {tile}", "this rank's")
-                if message is not None:
-                    error = ValueError, message
-        shape = tuple(getattr(a, "shape", ()))
-        check_input(self.grid.cart, f"HaloExchange.{who}", error,
-                    lambda: (f"leading shape {shape[:-2]}", f"dtype {dtype}"))
+    # --- local checks ---------------------------------------------------------------
+
+    def _shapes(self, lead):
+        if self.tile is None:
+            raise TypeError(f"{self._label} without extents does not know its tile; build it with extents=")
+        h, w = self.tile
+        return lead + (h, w), lead + (h + 2 * self.rows, w + 2 * self.cols)
+
+    def _tile_of(self, spec, padded):
+        """This rank's tile ``(h, w)`` for an input of ``spec``; :class:`InputError` when it cannot be used."""
+        if len(spec.shape) < 2:
+            raise InputError(f"expected an array with at least 2 axes, got shape {spec.shape}", TypeError)
+        problem = dtypes.unsupported(spec.dtype)
+        if problem:
+            raise InputError(problem, TypeError)
+        H, W = spec.shape[-2:]
+        tile = (H - 2 * self.rows, W - 2 * self.cols) if padded else (H, W)
+        what = "padded tile" if padded else "tile"
+        if self.tile is not None and tile != self.tile:
+            expected = (self.tile[0] + 2 * self.rows, self.tile[1] + 2 * self.cols) if padded else self.tile
+            raise InputError(f"expected a {what} of {expected} in the last two axes for this rank of a "
+                             f"{self.extents[0]} x {self.extents[1]} field, got {(H, W)}")
+        if min(tile) < 1:
+            raise InputError(f"a {what} of {(H, W)} holds no interior for halo {self.rows} x {self.cols}")
+        message = self._width_error(tile[0], tile[1], f"this rank's tile is {tile}", f"this rank's tile is {tile}",
+                                    "this rank's")
+        if message is not None:
+            raise InputError(message)
         return tile
 
-    # --- operator interface ---------------------------------------------------
+    def _output(self, direction, spec):
+        padded = direction in (ADJOINT, "accumulate", "update")
+        h, w = self._tile_of(spec, padded)
+        if direction == FORWARD:
+            shape = spec.shape[:-2] + (h + 2 * self.rows, w + 2 * self.cols)
+        elif direction == ADJOINT:
+            shape = spec.shape[:-2] + (h, w)
+        else:
+            shape = spec.shape
+        return spec.but(shape=shape), spec.describe((-2, -1))
 
-    def _forward(self, x, out):
-        h, w = self._check("forward", x, padded=False)
-        r, c = self.rows, self.cols
-        out = output_array("HaloExchange.forward", self.grid.cart, x, out,
-                           tuple(x.shape[:-2]) + (h + 2 * r, w + 2 * c))
-        out[..., r:r + h, c:c + w] = x
-        self._gather(out, h, w)
-        return out
-
-    def _adjoint(self, y, out):
-        h, w = self._check("adjoint", y, padded=True)
-        r, c = self.rows, self.cols
-        out = output_array("HaloExchange.adjoint", self.grid.cart, y, out, tuple(y.shape[:-2]) + (h, w))
-        work = self._workspace.scratch("adjoint", y, y.size).reshape(y.shape)
-        work[...] = y
-        self._scatter_add(work, h, w)
-        out[...] = work[..., r:r + h, c:c + w]
-        return out
+    # --- calls ------------------------------------------------------------------------
 
     def update(self, padded):
         """Fill the halo of ``padded`` (``(..., h + 2*rows, w + 2*cols)``) in place.
@@ -166,20 +240,173 @@ class HaloExchange(LinearOperator):
         The interior is read, never written; nothing is allocated after the
         first call for a shape. Returns ``padded``.
         """
-        h, w = self._check("update", padded, padded=True)
-        self._gather(padded, h, w)
-        return padded
+        return self._call("update", padded, None)
 
     def accumulate(self, padded):
         """Adjoint of :meth:`update`, in place: add the halo onto its owners, zero it.
 
         Returns ``padded``.
         """
-        h, w = self._check("accumulate", padded, padded=True)
-        self._scatter_add(padded, h, w)
-        return padded
+        return self._call("accumulate", padded, None)
 
-    # --- the two phases -------------------------------------------------------
+    def _apply(self, direction, x, out, label=None, runner=None):
+        return self._call(direction, x, out)
+
+    def _call(self, label, x, out, who=None):
+        """One call: local checks, agreement with the neighbours, then the exchange."""
+        who = who or f"{self.name}.{label}"
+        if getattr(self.grid, "freed", False):
+            raise RuntimeError(f"{who}: the grid was freed (grid.free()); build the operator on a live grid")
+        in_place = label in ("update", "accumulate")
+        error, spec, result, tile = None, None, None, (0, 0)
+        try:
+            spec = Spec.of(x, "padded array" if in_place else "input")
+            result, _ = self._output(label, spec)
+            tile = self._tile_of(spec, label != FORWARD)
+            if in_place and not backend.is_writeable(x):
+                raise InputError("the padded array is read-only; update and accumulate write into it")
+            if out is not None:
+                check_out(out, result, x)
+        except InputError as exc:
+            error = exc
+        lock = self._guard_lock()
+        if not lock.acquire(blocking=False):
+            raise RuntimeError(f"{who}: another thread is running an mpisphere operation on the same grid now; give "
+                               "each thread its own grid: grid.dup()")
+        try:
+            pairs, failure = self._agree(who, label, error, spec, tile)
+            if error is None:
+                out = self._exchange(label, x, out, result, tile, pairs, Context.local(spec))
+            if failure is not None:
+                raise failure()
+            return out
+        finally:
+            lock.release()
+
+    def _exchange(self, label, x, out, result, tile, pairs, context):
+        """The data movement of one call, with the agreed neighbour ``pairs``."""
+        h, w = tile
+        r, c = self.rows, self.cols
+        if label == FORWARD:
+            if out is None:
+                with backend.device_of(x):
+                    out = backend.array_module(x).empty(result.shape, result.dtype)
+            out[..., r:r + h, c:c + w] = x
+            self._gather(out, h, w, pairs, context)
+            return out
+        if label == ADJOINT:
+            work = self._workspace.scratch("adjoint", x, x.size).reshape(x.shape)
+            work[...] = x
+            self._scatter_add(work, h, w, pairs, context)
+            if out is None:
+                with backend.device_of(x):
+                    out = backend.array_module(x).empty(result.shape, result.dtype)
+            out[...] = work[..., r:r + h, c:c + w]
+            return out
+        if _GATHER[label]:
+            self._gather(x, h, w, pairs, context)
+        else:
+            self._scatter_add(x, h, w, pairs, context)
+        return x
+
+    def _run(self, direction, x, out, context):
+        """The exchange inside an agreed composition: every neighbour pair is known to fit."""
+        pairs = set(self._neighbours)
+        h, w = self.tile
+        r, c = self.rows, self.cols
+        if direction == FORWARD:
+            out[...] = 0
+            out[..., r:r + h, c:c + w] = x
+            self._gather(out, h, w, pairs, context)
+        else:
+            work = self._workspace.scratch("adjoint", x, x.size).reshape(x.shape)
+            work[...] = x
+            self._scatter_add(work, h, w, pairs, context)
+            out[...] = work[..., r:r + h, c:c + w]
+
+    # --- agreement with the neighbours --------------------------------------------------
+
+    def _agree(self, who, label, error, spec, tile):
+        """Exchange records with the neighbours: ``(pairs to exchange data with, failure or None)``.
+
+        A rank that must fail still exchanges with every neighbour whose pair
+        fits, because that neighbour, two steps from the mistake, may see
+        nothing wrong and wait for the data; ``failure()`` builds the
+        exception (exchanging the details with the neighbours concerned).
+        """
+        description = call_description(f"{self._describe()} {label}: "
+                                       + ("(input not understood)" if spec is None else spec.describe((-2, -1))))
+        mine = numpy.array([0 if error is None else 1, digest(description), tile[0], tile[1]], dtype=numpy.int64)
+        neighbours = self._neighbours
+        if not neighbours or not config.agreement:
+            if error is not None:
+                raise error.kind(f"{who}: rank {self.grid.rank} of {self.grid.size}: {error.text}")
+            return set(neighbours), None
+        cart = self.grid.cart
+        records = {d: numpy.empty(4, numpy.int64) for d in neighbours}
+        requests = [cart.Irecv([records[d], MPI.INT64_T], source=rank, tag=_META + _OPPOSITE[d])
+                    for d, rank in neighbours.items()]
+        requests += [cart.Isend([mine, MPI.INT64_T], dest=rank, tag=_META + d) for d, rank in neighbours.items()]
+        MPI.Request.Waitall(requests)
+        fits = {d: self._fit(mine, records[d], d) for d in neighbours}
+        problems = [] if error is None else [f"this rank: {error.text}"]
+        for d in neighbours:
+            if records[d][0]:
+                problems.append(f"{_NAMES[d]} neighbour rank {neighbours[d]} has an input it cannot use")
+            elif fits[d] is not None:
+                problems.append(f"{_NAMES[d]} neighbour rank {neighbours[d]}: {fits[d]}")
+        for polar, diagonal, step in _CORNER_CHAINS:  # the corners arrive through the polar neighbour
+            if polar in records and diagonal in records and not records[polar][0] and not records[diagonal][0]:
+                chain = self._fit(records[polar], records[diagonal], step)
+                if chain is not None:
+                    problems.append(f"the {_NAMES[diagonal]} corner comes from rank {neighbours[diagonal]} through "
+                                    f"rank {neighbours[polar]}, whose tiles do not fit: {chain}")
+        pairs = {d for d in neighbours if fits[d] is None and not records[d][0] and error is None}
+        if not problems:
+            return pairs, None
+
+        def fail():
+            details = self._details(who, error, description, neighbours, records, fits)
+            g = self.grid
+            return (error.kind if error is not None else ValueError)(
+                f"{who}: rank {g.rank} of {g.size} (polar {g.polar_rank}, azimuth {g.azimuth_rank}) cannot exchange "
+                "its halo: " + "; ".join(problems) + details)
+        return pairs, fail
+
+    def _fit(self, a, b, d):
+        """Why records ``a`` and ``b`` of neighbours in direction ``d`` cannot exchange, or ``None`` (symmetric)."""
+        if a[0] or b[0]:
+            return "an input it cannot use"
+        if a[1] != b[1]:
+            return "the two ranks are not making the same call (another operator, direction, batch shape or dtype)"
+        dp, da = _DIRECTIONS[d]
+        (ha, wa), (hb, wb) = a[2:4], b[2:4]
+        if dp and not da and wa != wb:
+            return f"tiles of widths {wa} and {wb} in one column of the grid"
+        if da and not dp and ha != hb:
+            return f"tiles of heights {ha} and {hb} in one row of the grid"
+        if dp and min(ha, hb) < self.rows:
+            return f"a halo of {self.rows} rows is wider than a tile of {min(ha, hb)} rows"
+        if da and min(wa, wb) < self.cols:
+            return f"a halo of {self.cols} columns is wider than a tile of {min(wa, wb)} columns"
+        return None
+
+    def _details(self, who, error, description, neighbours, records, fits):
+        """The neighbours' own descriptions, exchanged with every neighbour of a failing pair (both sides do)."""
+        partners = {d: rank for d, rank in neighbours.items() if fits[d] is not None or records[d][0] or error}
+        if not partners:
+            return ""
+        cart = self.grid.cart
+        mine = (None if error is None else error.text, description)
+        sends = [cart.isend(mine, dest=rank, tag=_META + 8 + d) for d, rank in partners.items()]
+        theirs = {d: cart.recv(source=rank, tag=_META + 8 + _OPPOSITE[d]) for d, rank in partners.items()}
+        MPI.Request.Waitall(sends)
+        lines = [f"this rank: {description}"]
+        for d, (text, their_description) in theirs.items():
+            lines.append(f"rank {partners[d]} ({_NAMES[d]}): " + (text if text else their_description))
+        return " [" + " | ".join(lines) + "]"
+
+    # --- the two phases -------------------------------------------------------------------
 
     def _plan(self, P, h, w):
         key = (tuple(P.shape), P.dtype.str, backend.is_device_array(P), getattr(getattr(P, "device", None), "id", None))
@@ -190,7 +417,7 @@ class HaloExchange(LinearOperator):
             plan = self._plans[key] = _HaloPlan(self.grid, P, h, w, self.rows, self.cols)
         return plan
 
-    def _gather(self, P, h, w):
+    def _gather(self, P, h, w, pairs, context):
         plan = self._plan(P, h, w)
         r, c = self.rows, self.cols
         if c:
@@ -199,20 +426,20 @@ class HaloExchange(LinearOperator):
                 P[..., inner, 0:c] = P[..., inner, w:w + c]
                 P[..., inner, c + w:w + 2 * c] = P[..., inner, c:2 * c]
             else:
-                plan.run(P, self.grid.azimuth, plan.columns, add=False, workspace=self._workspace)
+                plan.run(P, self.grid.azimuth, plan.columns, False, pairs, context, self._workspace)
         if r:
-            plan.run(P, self.grid.polar, plan.rows, add=False, workspace=self._workspace)
+            plan.run(P, self.grid.polar, plan.rows, False, pairs, context, self._workspace)
             north, south = self.grid.polar_neighbors
             if north == MPI.PROC_NULL:
                 P[..., 0:r, :] = 0
             if south == MPI.PROC_NULL:
                 P[..., r + h:, :] = 0
 
-    def _scatter_add(self, P, h, w):
+    def _scatter_add(self, P, h, w, pairs, context):
         plan = self._plan(P, h, w)
         r, c = self.rows, self.cols
         if r:
-            plan.run(P, self.grid.polar, plan.rows, add=True, workspace=self._workspace)
+            plan.run(P, self.grid.polar, plan.rows, True, pairs, context, self._workspace)
             P[..., 0:r, :] = 0
             P[..., r + h:, :] = 0
         if c:
@@ -221,7 +448,7 @@ class HaloExchange(LinearOperator):
                 P[..., inner, w:w + c] += P[..., inner, 0:c]
                 P[..., inner, c:2 * c] += P[..., inner, c + w:w + 2 * c]
             else:
-                plan.run(P, self.grid.azimuth, plan.columns, add=True, workspace=self._workspace)
+                plan.run(P, self.grid.azimuth, plan.columns, True, pairs, context, self._workspace)
             P[..., inner, 0:c] = 0
             P[..., inner, c + w:w + 2 * c] = 0
 
@@ -231,32 +458,69 @@ class HaloExchange(LinearOperator):
         self._workspace.clear()
 
 
-class HaloReduce(AdjointOperator):
+class HaloReduce(LinearOperator):
     """The adjoint of :class:`HaloExchange` as an operator of its own.
 
     ``forward``: ``(..., h + 2*rows, w + 2*cols)`` -> ``(..., h, w)``, the
     interior plus the halo contributions the neighbours hold for this rank's
     cells (what a scatter-shaped stencil writes across tile borders).
-    ``adjoint``: the halo exchange, which is also ``.H``. Same parameters as
-    :class:`HaloExchange`.
+    ``adjoint``: the halo exchange. Same parameters as
+    :class:`HaloExchange`; ``.H`` is that exchange.
     """
 
     def __init__(self, grid, rows, cols=0, *, extents=None):
-        super().__init__(HaloExchange(grid, rows, cols, extents=extents))
+        self.op = _NamedHaloExchange(grid, rows, cols, extents=extents)
+        self.domain, self.range = self.op.range, self.op.domain
+        self._comm = self.op._comm
+
+    _flip = {FORWARD: ADJOINT, ADJOINT: FORWARD}
+
+    @property
+    def needs_own_agreement(self):
+        return self.op.needs_own_agreement
+
+    def _apply(self, direction, x, out, label=None, runner=None):
+        return self.op._call(self._flip[direction], x, out, who=f"HaloReduce.{direction}")
+
+    def _output(self, direction, spec):
+        return self.op._output(self._flip[direction], spec)
+
+    def _describe(self):
+        return self.op._describe()
+
+    def _run(self, direction, x, out, context):
+        self.op._run(self._flip[direction], x, out, context)
+
+    def _shapes(self, lead):
+        domain, range_ = self.op._shapes(lead)
+        return range_, domain
+
+    def _guard_lock(self):
+        return self.op._guard_lock()
+
+    @property
+    def H(self):
+        return self.op
+
+
+class _NamedHaloExchange(HaloExchange):
+    """The exchange inside a :class:`HaloReduce`: its messages say HaloReduce and its directions."""
+
+    _label = "HaloReduce"  # in construction errors: the user built a HaloReduce
 
     @property
     def name(self):
-        return "HaloReduce"
+        return "HaloExchange"
 
 
 class _HaloPlan:
     """Regions, neighbours and packed buffers of one padded shape, built once.
 
-    A move is ``(interior_region, neighbour, halo_region, tag)``: in the
-    gathering direction the interior block travels to ``neighbour`` and the
-    block arriving from the opposite neighbour fills ``halo_region``; in the
-    accumulating direction (the adjoint) the halo block travels home to
-    ``neighbour`` and what arrives is added onto ``interior_region``.
+    A move is ``(interior_region, neighbour, halo_region, source, tag)``: in
+    the gathering direction the interior block travels to ``neighbour`` and
+    the block arriving from ``source`` fills ``halo_region``; in the
+    accumulating direction (the adjoint) the halo block travels home and
+    what arrives is added onto ``interior_region``.
     """
 
     def __init__(self, grid, P, h, w, r, c):
@@ -264,42 +528,40 @@ class _HaloPlan:
         inner, full = slice(r, r + h), slice(0, W)
         west, east = grid.azimuth_neighbors
         north, south = grid.polar_neighbors
-        # (interior block, where it goes, the halo block filled from the other side, whence that comes, tag)
-        self.columns = [((inner, slice(w, w + c)), east, (inner, slice(0, c)), west, _TO_EAST),
-                        ((inner, slice(c, 2 * c)), west, (inner, slice(c + w, W)), east, _TO_WEST)]
-        self.rows = [((slice(r, 2 * r), full), north, (slice(r + h, H), full), south, _TO_NORTH),
-                     ((slice(h, h + r), full), south, (slice(0, r), full), north, _TO_SOUTH)]
+        # (interior block, where it goes, the halo block filled from the other side, whence that comes,
+        #  tag, the direction indices of (where it goes, whence it comes))
+        self.columns = [((inner, slice(w, w + c)), east, (inner, slice(0, c)), west, _TO_EAST, (3, 2)),
+                        ((inner, slice(c, 2 * c)), west, (inner, slice(c + w, W)), east, _TO_WEST, (2, 3))]
+        self.rows = [((slice(r, 2 * r), full), north, (slice(r + h, H), full), south, _TO_NORTH, (0, 1)),
+                     ((slice(h, h + r), full), south, (slice(0, r), full), north, _TO_SOUTH, (1, 0))]
         lead = tuple(P.shape[:-2])
         xp = backend.array_module(P)
         with backend.device_of(P):
             self.buffers = {}
             for moves in (self.columns, self.rows):
-                for interior, _, halo, _, tag in moves:
+                for interior, _, halo, _, tag, _ in moves:
                     shape = lead + (interior[0].stop - interior[0].start, interior[1].stop - interior[1].start)
                     self.buffers[tag] = (xp.empty(shape, P.dtype), xp.empty(shape, P.dtype))
 
-    def run(self, P, comm, moves, add, workspace):
-        """One phase: every message of ``moves`` in flight at once."""
-        sends, recvs = [], []
-        for interior, to, halo, whence, tag in moves:
+    def run(self, P, comm, moves, add, pairs, context, workspace):
+        """One phase: every message of ``moves`` to and from an agreed neighbour in flight at once."""
+        sends, recvs, filled = [], [], []
+        for interior, to, halo, whence, tag, (d_to, d_whence) in moves:
             out_buf, in_buf = self.buffers[tag]
             if add:  # adjoint: the halo goes home, contributions to the interior come in
-                interior, halo, to, whence = halo, interior, whence, to
-            if to != MPI.PROC_NULL:
+                interior, halo, to, whence, d_to, d_whence = halo, interior, whence, to, d_whence, d_to
+            if to != MPI.PROC_NULL and d_to in pairs:
                 _copy_runs(out_buf, P, interior)
                 sends.append((out_buf.reshape(-1), to, tag))
-            if whence != MPI.PROC_NULL:
+            if whence != MPI.PROC_NULL and d_whence in pairs:
                 recvs.append((in_buf.reshape(-1), whence, tag))
-        collectives.exchange(comm, sends, recvs, workspace=workspace)
-        for interior, to, halo, whence, tag in moves:
+                filled.append((halo, in_buf))
+        collectives.exchange(comm, sends, recvs, staged=context.staged, workspace=workspace)
+        for halo, in_buf in filled:
             if add:
-                interior, halo, to, whence = halo, interior, whence, to
-            if whence == MPI.PROC_NULL:
-                continue
-            if add:
-                P[(Ellipsis,) + halo] += self.buffers[tag][1]
+                P[(Ellipsis,) + halo] += in_buf
             else:
-                _copy_runs(P, self.buffers[tag][1], halo, into_region=True)
+                _copy_runs(P, in_buf, halo, into_region=True)
 
 
 def _runs(a, region):
@@ -340,3 +602,127 @@ def _copy_runs(dst, src, region, into_region=False):
     else:
         numpy.copyto(packed, runs)
 
+
+
+# --- halo widths from geometry -----------------------------------------------------
+
+def latitude_support_band(lats_in, lats_out, theta_cutoff):
+    """For each output latitude, the input latitudes within ``theta_cutoff``.
+
+    Two points on the sphere are at least ``|theta_in - theta_out|`` apart,
+    with equality on the same meridian, so the input latitudes that a
+    localized operator of radius ``theta_cutoff`` can reach from an output
+    latitude form the contiguous band ``|theta_in - theta_out| <= theta_cutoff``.
+
+    Parameters
+    ----------
+    lats_in, lats_out : array_like, shape ``(nlat_in,)``, ``(nlat_out,)``
+        Colatitudes in radians, increasing.
+    theta_cutoff : float
+        Angular radius in radians.
+
+    Returns
+    -------
+    lo, hi : ndarray of int, shape ``(nlat_out,)``
+        First and last index into ``lats_in`` of the band; ``hi < lo`` where
+        the band is empty. Both are non-decreasing.
+    """
+    lats_in = numpy.asarray(lats_in, dtype=numpy.float64)
+    lats_out = numpy.asarray(lats_out, dtype=numpy.float64)
+    if lats_in.ndim != 1 or lats_out.ndim != 1:
+        raise ValueError("latitude_support_band: latitudes must be 1-D arrays")
+    if numpy.any(numpy.diff(lats_in) < 0) or numpy.any(numpy.diff(lats_out) < 0):
+        raise ValueError("latitude_support_band: latitudes must be increasing (north pole first)")
+    if not theta_cutoff >= 0:
+        raise ValueError(f"latitude_support_band: theta_cutoff must be non-negative, got {theta_cutoff}")
+    n = len(lats_in)
+    lo = numpy.searchsorted(lats_in, lats_out - theta_cutoff, side="left")
+    hi = numpy.searchsorted(lats_in, lats_out + theta_cutoff, side="right") - 1
+
+    # searchsorted compares theta_in with theta_out -/+ cutoff, which rounds
+    # differently from |theta_in - theta_out| <= cutoff at the very edge of the
+    # band; move each end by at most one so the band is exactly that predicate.
+    def inside(i):
+        return numpy.abs(lats_in[numpy.clip(i, 0, n - 1)] - lats_out) <= theta_cutoff
+
+    for _ in range(2):
+        lo = numpy.where((lo > 0) & inside(lo - 1), lo - 1, lo)
+        lo = numpy.where((lo < n) & (lo <= hi) & ~inside(lo), lo + 1, lo)
+        hi = numpy.where((hi < n - 1) & inside(hi + 1), hi + 1, hi)
+        hi = numpy.where((hi >= 0) & (hi >= lo) & ~inside(hi), hi - 1, hi)
+    return lo.astype(numpy.int64), hi.astype(numpy.int64)
+
+
+def _polar_sizes(grid_or_sizes, nlat_in, nlat_out):
+    npolar = getattr(grid_or_sizes, "npolar", None)
+    if npolar is None and isinstance(grid_or_sizes, int):
+        npolar = grid_or_sizes
+    if npolar is not None:
+        return split_sizes(nlat_in, npolar), split_sizes(nlat_out, npolar)
+    try:
+        sizes_in, sizes_out = (list(map(int, s)) for s in grid_or_sizes)
+    except (TypeError, ValueError):
+        raise TypeError("polar_halo_radius: grid_or_sizes must be a ProcessGrid, a number of polar ranks, "
+                        "or a pair (input sizes, output sizes)") from None
+    if sum(sizes_in) != nlat_in or sum(sizes_out) != nlat_out or len(sizes_in) != len(sizes_out):
+        raise ValueError(f"polar_halo_radius: sizes {sizes_in} / {sizes_out} do not split "
+                         f"{nlat_in} / {nlat_out} latitudes over the same number of ranks")
+    return sizes_in, sizes_out
+
+
+def polar_halo_radius(grid_or_sizes, lats_in, lats_out, theta_cutoff):
+    """Latitude rows a polar rank must borrow from its neighbours.
+
+    A polar rank owns a contiguous range of input and output latitudes; the
+    rows it must borrow are where the support band of its output range runs
+    past its own input range. The radius is the largest such overhang over
+    all ranks, computed from the geometry alone (no communication, the same
+    on every rank).
+
+    Parameters
+    ----------
+    grid_or_sizes : ProcessGrid, int, or (list of int, list of int)
+        The grid (or its number of polar ranks), whose ``split_sizes`` of the
+        input and output latitudes are used; or the per-rank sizes
+        themselves.
+    lats_in, lats_out : array_like
+        Input and output colatitudes, increasing.
+    theta_cutoff : float
+        Angular radius of the localized operator, radians.
+
+    Returns
+    -------
+    int
+        The halo width in rows, for ``HaloExchange(grid, rows=...)``; 0 on a
+        single polar rank.
+
+    Raises
+    ------
+    ValueError
+        If the radius exceeds the smallest input chunk: the exchange only
+        reaches the immediate neighbours.
+    """
+    lats_in = numpy.asarray(lats_in, dtype=numpy.float64)
+    lats_out = numpy.asarray(lats_out, dtype=numpy.float64)
+    sizes_in, sizes_out = _polar_sizes(grid_or_sizes, len(lats_in), len(lats_out))
+    if len(sizes_in) <= 1:
+        return 0
+    lo, hi = latitude_support_band(lats_in, lats_out, theta_cutoff)
+    radius = 0
+    in_start = out_start = 0
+    for n_in, n_out in zip(sizes_in, sizes_out):
+        rows = numpy.arange(out_start, out_start + n_out)
+        nonempty = rows[hi[rows] >= lo[rows]]
+        if len(nonempty):
+            # bands are monotone: the first and last non-empty rows bound the whole range
+            need_lo, need_hi = lo[nonempty[0]], hi[nonempty[-1]]
+            radius = max(radius, in_start - need_lo, need_hi - (in_start + n_in - 1))
+        in_start += n_in
+        out_start += n_out
+    smallest = min(sizes_in)
+    if radius > smallest:
+        raise ValueError(
+            f"polar_halo_radius: a halo of {radius} rows is wider than the smallest polar tile ({smallest} rows; "
+            f"input latitudes split as {sizes_in}); the exchange reaches only the immediate neighbours, so use "
+            "fewer polar ranks, more latitudes or a smaller theta_cutoff")
+    return int(radius)

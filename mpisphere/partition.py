@@ -9,6 +9,7 @@ Nothing here communicates or keeps state; the functions work on NumPy and
 CuPy arrays alike (only slicing, reshaping and concatenation are used).
 """
 
+import math
 import operator
 
 import numpy
@@ -22,25 +23,24 @@ __all__ = [
     "normalize_axis",
     "flatten_leading",
     "unflatten_leading",
+    "check_int",
 ]
 
 
-def _as_count(value, name):
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an integer, got {value!r}") from None
+def check_int(value, name, who=None, minimum=None):
+    """``value`` as an int, or a TypeError/ValueError naming ``name`` (and ``who`` first, when given).
 
-
-def check_int(value, name, who, minimum=0):
-    """``value`` as an int, or a TypeError/ValueError that starts with ``who`` and names ``name``."""
+    The one integer check of mpisphere: extents, widths, ranks, axes and
+    counts all pass through it.
+    """
+    prefix = f"{who}: " if who else ""
     try:
         value = operator.index(value)
     except TypeError:
-        raise TypeError(f"{who}: {name} must be an integer, got {value!r}") from None
-    if value < minimum:
+        raise TypeError(f"{prefix}{name} must be an integer, got {value!r}") from None
+    if minimum is not None and value < minimum:
         bound = {0: "non-negative", 1: "positive"}.get(minimum, f"at least {minimum}")
-        raise ValueError(f"{who}: {name} must be {bound}, got {name}={value}")
+        raise ValueError(f"{prefix}{name} must be {bound}, got {name}={value}")
     return value
 
 
@@ -70,8 +70,8 @@ def split_sizes(n, parts):
     >>> split_sizes(10, 4)
     [3, 3, 2, 2]
     """
-    n = _as_count(n, "n")
-    parts = _as_count(parts, "parts")
+    n = check_int(n, "n")
+    parts = check_int(parts, "parts")
     if parts < 1:
         raise ValueError(f"split_sizes: parts must be at least 1, got parts={parts} (n={n})")
     if n < parts:
@@ -98,11 +98,11 @@ def offsets_of(counts):
 
 def chunk_slice(n, parts, index):
     """The ``slice`` of chunk ``index`` of ``n`` elements split over ``parts``."""
-    index = _as_count(index, "index")
-    parts = _as_count(parts, "parts")
+    index = check_int(index, "index")
+    parts = check_int(parts, "parts")
     if not 0 <= index < parts:
         raise ValueError(f"chunk_slice: index {index} out of range for {parts} parts")
-    base, extra = divmod(_as_count(n, "n"), parts)
+    base, extra = divmod(check_int(n, "n"), parts)
     split_sizes(n, parts)  # validates n >= parts
     start = index * base + min(index, extra)
     return slice(start, start + base + (1 if index < extra else 0))
@@ -110,7 +110,7 @@ def chunk_slice(n, parts, index):
 
 def normalize_axis(axis, ndim, who="axis"):
     """``axis`` as a non-negative index into ``ndim`` axes (negative counts from the end)."""
-    axis = _as_count(axis, who)
+    axis = check_int(axis, who)
     if not -ndim <= axis < ndim:
         raise ValueError(f"{who} {axis} is out of range for an array of {ndim} dimensions")
     return axis % ndim
@@ -169,16 +169,14 @@ def flatten_leading(x, min_size=1, trailing=2):
     lead_size : int
         ``m``, the number of real (unpadded) entries.
     """
-    trailing = _as_count(trailing, "trailing")
+    trailing = check_int(trailing, "trailing")
     if trailing < 0 or x.ndim < trailing:
         raise ValueError(
             f"flatten_leading: array of shape {tuple(x.shape)} has fewer than {trailing} trailing axes")
     split = x.ndim - trailing
     lead_shape = tuple(x.shape[:split])
     tail = tuple(x.shape[split:])
-    lead_size = 1
-    for extent in lead_shape:
-        lead_size *= extent
+    lead_size = math.prod(lead_shape)
     flat = x.reshape((lead_size,) + tail)
     if lead_size < min_size:
         # NumPy functions dispatch to CuPy for CuPy arrays (NEP 18)
@@ -194,7 +192,7 @@ def unflatten_leading(y, lead_shape, lead_size, trailing=2):
     the batch shape after a transform changed them (``(nlat, nlon)`` to
     ``(lmax, mmax)``).
     """
-    trailing = _as_count(trailing, "trailing")
+    trailing = check_int(trailing, "trailing")
     if y.ndim != trailing + 1:
         raise ValueError(
             f"unflatten_leading: expected {trailing + 1} axes (flat batch + {trailing}), got shape {tuple(y.shape)}")

@@ -19,67 +19,40 @@ axes may be negative), real or complex, float16 to complex128, NumPy or
 CuPy. Reductions of float16 run in float32. On a communicator of one rank
 no MPI call is made.
 
-Inputs are validated before any collective: a wrong extent on a split axis,
-an axis out of range or an unsupported dtype raises on the rank that sees it,
-naming the operator, the rank, what was expected and what came. With
-``mpisphere.config.debug`` on, the ranks first compare their inputs, so a
-mismatch that only one rank can see raises on all of them.
+Every call agrees before it communicates (see :mod:`mpisphere.operators`):
+a wrong extent on a split axis, an axis out of range, an unsupported dtype,
+a bad ``out=``, another batch size or dtype than the other ranks, or another
+operator altogether raises the same error on every rank of the
+communicator, naming the rank that is wrong, what was expected and what
+came.
+
+A :class:`Transpose` also has a non-blocking form, :meth:`Transpose.start_forward`
+and :meth:`Transpose.start_adjoint`, which return an :class:`Exchange` to
+``wait()`` on, so that a caller can overlap the exchange with work.
 """
 
-import operator
+import math
 
 import numpy
 from mpi4py import MPI
 
-from . import backend, collectives
-from .operators import DISTRIBUTED, REPLICATED, Layout, LinearOperator, check_input, output_array
+from . import backend, collectives, dtypes
+from .operators import ADJOINT, DISTRIBUTED, FORWARD, REPLICATED, InputError, Layout, LinearOperator
 from .partition import check_int, offsets_of, split_sizes
 
 __all__ = [
     "Transpose",
+    "Exchange",
     "CopyTo",
     "ReduceFrom",
     "ScatterTo",
     "GatherFrom",
     "ReduceScatter",
     "GatherFromCopyTo",
-    "SUPPORTED_DTYPES",
 ]
 
-SUPPORTED_DTYPES = tuple(numpy.dtype(d) for d in ("float16", "float32", "float64", "complex64", "complex128"))
 
-
-def _reduction_dtype(dtype):
-    """Dtype a sum over ranks runs in: float16 is promoted to float32, nothing else changes."""
-    return numpy.dtype(numpy.float32) if dtype == numpy.float16 else dtype
-
-
-def _dtype_error(x):
-    dtype = getattr(x, "dtype", None)
-    if dtype is None:
-        return TypeError, f"expected a NumPy or CuPy array, got {type(x).__name__}"
-    if numpy.dtype(dtype) not in SUPPORTED_DTYPES:
-        return TypeError, (f"unsupported dtype {numpy.dtype(dtype)}; expected one of "
-                           + ", ".join(str(d) for d in SUPPORTED_DTYPES))
-    return None
-
-
-def _meta(x, masked_axis):
-    """What must agree across ranks: the shape (split axis masked) and the dtype."""
-    shape = tuple(getattr(x, "shape", ()))
-    if masked_axis is not None:
-        shape = shape[:masked_axis] + ("*",) + shape[masked_axis + 1:]
-    return f"shape {shape}", f"dtype {getattr(x, 'dtype', type(x).__name__)}"
-
-
-def _prod(values):
-    result = 1
-    for v in values:
-        result *= int(v)
-    return result
-
-
-def _along(axis, index, ndim=None):
+def _along(axis, index):
     """Index tuple selecting ``index`` (a slice) along ``axis``."""
     return (slice(None),) * axis + (index,)
 
@@ -88,14 +61,33 @@ def _is_c_contiguous(a):
     return a.flags.c_contiguous
 
 
+def _check_dtype(spec):
+    problem = dtypes.unsupported(spec.dtype)
+    if problem:
+        raise InputError(problem, TypeError)
+
+
+def _check_axis(spec, axis):
+    ndim = len(spec.shape)
+    if not -ndim <= axis < ndim:
+        raise InputError(f"axis {axis} is out of range for an array of shape {spec.shape}")
+    return axis % ndim
+
+
 class _CommunicatorOperator(LinearOperator):
     """Shared set-up of the operators that run on one communicator."""
 
     def __init__(self, comm):
+        if hasattr(comm, "cart") and hasattr(comm, "polar"):
+            raise TypeError(f"{self.name}: comm must be an mpi4py Intracomm, got a {type(comm).__name__}; pass one of "
+                            "its communicators: grid.polar, grid.azimuth or grid.cart")
         if not isinstance(comm, MPI.Intracomm):
             raise TypeError(f"{self.name}: comm must be an mpi4py Intracomm (e.g. grid.polar), "
                             f"got {type(comm).__name__}")
+        if comm == MPI.COMM_NULL:
+            raise ValueError(f"{self.name}: comm is MPI.COMM_NULL (a freed communicator?)")
         self.comm = comm
+        self._comm = comm
         self.size = comm.Get_size()
         self.rank = comm.Get_rank()
         self._workspace = backend.Workspace()
@@ -107,95 +99,101 @@ class _CommunicatorOperator(LinearOperator):
                              f"{self.size}; every rank needs at least one entry")
         return extent
 
-    def _axis_error(self, x, axis):
-        ndim = getattr(x, "ndim", 0)
-        if not -ndim <= axis < ndim:
-            return ValueError, f"axis {axis} is out of range for an array of shape {tuple(x.shape)}"
-        return None
+    def _comm_label(self):
+        return self.comm.Get_name() or f"a communicator of {self.size}"
 
 
 class _SplitAxisOperator(_CommunicatorOperator):
-    """Operators that split one axis of extent ``extent`` over the communicator."""
+    """Operators that split one axis of extent ``extent`` over the communicator.
+
+    ``_forward_whole`` says whether ``forward`` takes the whole extent (and
+    returns this rank's chunk) or the chunk (and returns the whole); the
+    adjoint goes the other way. ``_moves`` names the work of each direction.
+    """
+
+    _forward_whole = None
+    _moves = None  # {FORWARD: method name, ADJOINT: method name}
 
     def __init__(self, comm, axis, extent):
         super().__init__(comm)
-        try:
-            self.axis = operator.index(axis)
-        except TypeError:
-            raise TypeError(f"{self.name}: axis must be an integer, got {axis!r}") from None
+        self.axis = check_int(axis, "axis", self.name)
         self.extent = self._extent(extent)
         self.sizes = split_sizes(self.extent, self.size)
         self.offsets = offsets_of(self.sizes)
 
-    def _validate(self, who, x, whole):
-        """Check ``x`` has the whole extent (``whole``) or this rank's chunk along the axis."""
-        error = _dtype_error(x) or self._axis_error(x, self.axis)
-        axis = None
-        if error is None:
-            axis = self.axis % x.ndim
-            expected = self.extent if whole else self.sizes[self.rank]
-            if x.shape[axis] != expected:
-                what = (f"the whole extent {self.extent}" if whole else
-                        f"chunk {self.rank} of {self.extent} split over {self.size} ranks")
-                error = ValueError, (f"expected {expected} entries along axis {self.axis} ({what}), "
-                                     f"got {x.shape[axis]} (input shape {tuple(x.shape)})")
-        check_input(self.comm, f"{self.name}.{who}", error, lambda: _meta(x, axis))
-        return axis
+    def _describe(self):
+        return f"{self.name}({self._comm_label()}, axis={self.axis}, extent={self.extent})"
+
+    def _takes_whole(self, direction):
+        return self._forward_whole == (direction == FORWARD)
+
+    def _output(self, direction, spec):
+        _check_dtype(spec)
+        axis = _check_axis(spec, self.axis)
+        whole = self._takes_whole(direction)
+        expected = self.extent if whole else self.sizes[self.rank]
+        if spec.shape[axis] != expected:
+            what = (f"the whole extent {self.extent}" if whole else
+                    f"chunk {self.rank} of {self.extent} split over {self.size} ranks")
+            raise InputError(f"expected {expected} entries along axis {self.axis} ({what}), got {spec.shape[axis]} "
+                             f"(input shape {spec.shape})")
+        shape = list(spec.shape)
+        shape[axis] = self.sizes[self.rank] if whole else self.extent
+        return spec.but(shape=shape), spec.describe(() if whole else (axis,))
+
+    def _run(self, direction, x, out, context):
+        getattr(self, self._moves[direction])(x, self.axis % x.ndim, out, context)
+
+    def _shapes(self, lead):
+        axis = self.axis % len(lead)
+        whole, chunk = list(lead), list(lead)
+        whole[axis], chunk[axis] = self.extent, self.sizes[self.rank]
+        fw = self._forward_whole
+        return (tuple(whole), tuple(chunk)) if fw else (tuple(chunk), tuple(whole))
 
     def _chunk_shape(self, shape, axis, rank):
         shape = list(shape)
         shape[axis] = self.sizes[rank]
         return tuple(shape)
 
-    def _whole_shape(self, shape, axis):
-        shape = list(shape)
-        shape[axis] = self.extent
-        return tuple(shape)
+    # --- the moves ---------------------------------------------------------------
 
-    # --- building blocks shared by the operators below ---------------------
-
-    def _keep_chunk(self, x, axis, out):
+    def _keep_chunk(self, x, axis, out, context):
         """Copy this rank's chunk of ``x`` (whole along ``axis``)."""
-        sl = _along(axis, slice(self.offsets[self.rank], self.offsets[self.rank] + self.sizes[self.rank]))
-        out = output_array(self.name, self.comm, x, out, self._chunk_shape(x.shape, axis, self.rank))
-        out[...] = x[sl]
-        return out
+        out[...] = x[_along(axis, slice(self.offsets[self.rank], self.offsets[self.rank] + self.sizes[self.rank]))]
 
-    def _allgather(self, x, axis, out):
+    def _allgather(self, x, axis, out, context):
         """Allgatherv of the chunks along ``axis`` into the whole array."""
-        shape = self._whole_shape(x.shape, axis)
-        out = output_array(self.name, self.comm, x, out, shape)
         if self.size == 1:
             out[...] = x
-            return out
-        unit = _prod(shape) // self.extent
+            return
+        shape = out.shape
+        unit = math.prod(shape) // self.extent
         counts = [unit * n for n in self.sizes]
         displs = [unit * o for o in self.offsets]
         send = x if _is_c_contiguous(x) else self._workspace.scratch("send", x, x.size)
         if send is not x:
             send.reshape(x.shape)[...] = x
-        direct = _is_c_contiguous(out) and _prod(shape[:axis]) == 1
+        direct = _is_c_contiguous(out) and math.prod(shape[:axis]) == 1
         recv = out if direct else self._workspace.scratch("recv", x, out.size)
         collectives.allgatherv(self.comm, send.reshape(-1), recv.reshape(-1), counts, displs,
-                               workspace=self._workspace)
+                               staged=context.staged, workspace=self._workspace)
         if not direct:
             flat = recv.reshape(-1)
             for q in range(self.size):
                 block = flat[displs[q]:displs[q] + counts[q]].reshape(self._chunk_shape(shape, axis, q))
                 out[_along(axis, slice(self.offsets[q], self.offsets[q] + self.sizes[q]))] = block
-        return out
 
-    def _reduce_scatter(self, x, axis, out):
+    def _reduce_scatter(self, x, axis, out, context):
         """Sum ``x`` (whole along ``axis``) over the ranks, keep this rank's chunk."""
-        shape = self._chunk_shape(x.shape, axis, self.rank)
-        out = output_array(self.name, self.comm, x, out, shape)
         if self.size == 1:
             out[...] = x
-            return out
-        work = _reduction_dtype(x.dtype)
+            return
+        shape = out.shape
+        work = dtypes.reduction_dtype(x.dtype)
         unit = x.size // self.extent
         counts = [unit * n for n in self.sizes]
-        if x.dtype == work and _is_c_contiguous(x) and _prod(x.shape[:axis]) == 1:
+        if x.dtype == work and _is_c_contiguous(x) and math.prod(x.shape[:axis]) == 1:
             send = x
         else:
             send = self._workspace.scratch("send", x, x.size, work)
@@ -206,31 +204,31 @@ class _SplitAxisOperator(_CommunicatorOperator):
         direct = out.dtype == work and _is_c_contiguous(out)
         recv = out if direct else self._workspace.scratch("recv", x, out.size, work)
         collectives.reduce_scatter(self.comm, send.reshape(-1), recv.reshape(-1), counts,
-                                   workspace=self._workspace)
+                                   staged=context.staged, workspace=self._workspace)
         if not direct:
             out[...] = recv.reshape(shape)
-        return out
 
 
 class _SumOverRanks(_CommunicatorOperator):
-    """Shared code of :class:`CopyTo` and :class:`ReduceFrom`."""
+    """Shared code of :class:`CopyTo` and :class:`ReduceFrom`: ``_sums`` names the direction that sums."""
 
-    def _validate(self, who, x):
-        check_input(self.comm, f"{self.name}.{who}", _dtype_error(x), lambda: _meta(x, None))
+    _sums = None
 
-    def _copy(self, who, x, out):
-        self._validate(who, x)
-        out = output_array(self.name, self.comm, x, out, x.shape)
-        out[...] = x
-        return out
+    def _describe(self):
+        return f"{self.name}({self._comm_label()})"
 
-    def _sum(self, who, x, out):
-        self._validate(who, x)
-        out = output_array(self.name, self.comm, x, out, x.shape)
-        if self.size == 1:
+    def _output(self, direction, spec):
+        _check_dtype(spec)
+        return spec, spec.describe()
+
+    def _shapes(self, lead):
+        return lead, lead
+
+    def _run(self, direction, x, out, context):
+        if direction != self._sums or self.size == 1:
             out[...] = x
-            return out
-        work = _reduction_dtype(x.dtype)
+            return
+        work = dtypes.reduction_dtype(x.dtype)
         if x.dtype == work and _is_c_contiguous(x):
             send = x
         else:
@@ -238,10 +236,10 @@ class _SumOverRanks(_CommunicatorOperator):
             send.reshape(x.shape)[...] = x
         direct = out.dtype == work and _is_c_contiguous(out)
         recv = out if direct else self._workspace.scratch("recv", x, x.size, work)
-        collectives.allreduce(self.comm, send.reshape(-1), recv.reshape(-1), workspace=self._workspace)
+        collectives.allreduce(self.comm, send.reshape(-1), recv.reshape(-1), staged=context.staged,
+                              workspace=self._workspace)
         if not direct:
             out[...] = recv.reshape(x.shape)
-        return out
 
 
 class CopyTo(_SumOverRanks):
@@ -253,19 +251,15 @@ class CopyTo(_SumOverRanks):
 
     Use it where every rank computes a partial result from the same input
     (a replicated parameter feeding rank-local work): the adjoint gathers the
-    partial gradients.
+    partial gradients. Shapes: any; ``domain_shape(shape)`` is ``shape``.
     """
+
+    _sums = ADJOINT
 
     def __init__(self, comm):
         super().__init__(comm)
         self.domain = Layout(REPLICATED, comm)
         self.range = Layout(DISTRIBUTED, comm)
-
-    def _forward(self, x, out):
-        return self._copy("forward", x, out)
-
-    def _adjoint(self, y, out):
-        return self._sum("adjoint", y, out)
 
 
 class ReduceFrom(_SumOverRanks):
@@ -276,16 +270,12 @@ class ReduceFrom(_SumOverRanks):
     (a copy). The caller's array is never reduced in place.
     """
 
+    _sums = FORWARD
+
     def __init__(self, comm):
         super().__init__(comm)
         self.domain = Layout(DISTRIBUTED, comm)
         self.range = Layout(REPLICATED, comm)
-
-    def _forward(self, x, out):
-        return self._sum("forward", x, out)
-
-    def _adjoint(self, y, out):
-        return self._copy("adjoint", y, out)
 
 
 class ScatterTo(_SplitAxisOperator):
@@ -294,18 +284,16 @@ class ScatterTo(_SplitAxisOperator):
     ``forward``: ``(..., extent, ...)`` replicated -> ``(..., n_r, ...)``
     distributed, ``n_r = split_sizes(extent, comm.size)[rank]`` along
     ``axis``. ``adjoint``: ``Allgatherv`` back to the whole, replicated.
+    ``domain_shape(shape)``: ``shape`` with ``extent`` along ``axis``.
     """
+
+    _forward_whole = True
+    _moves = {FORWARD: "_keep_chunk", ADJOINT: "_allgather"}
 
     def __init__(self, comm, axis, extent):
         super().__init__(comm, axis, extent)
         self.domain = Layout(REPLICATED, comm)
         self.range = Layout(DISTRIBUTED, comm)
-
-    def _forward(self, x, out):
-        return self._keep_chunk(x, self._validate("forward", x, whole=True), out)
-
-    def _adjoint(self, y, out):
-        return self._allgather(y, self._validate("adjoint", y, whole=False), out)
 
 
 class GatherFrom(_SplitAxisOperator):
@@ -315,16 +303,13 @@ class GatherFrom(_SplitAxisOperator):
     replicated (``Allgatherv``). ``adjoint``: keep this rank's chunk.
     """
 
+    _forward_whole = False
+    _moves = {FORWARD: "_allgather", ADJOINT: "_keep_chunk"}
+
     def __init__(self, comm, axis, extent):
         super().__init__(comm, axis, extent)
         self.domain = Layout(DISTRIBUTED, comm)
         self.range = Layout(REPLICATED, comm)
-
-    def _forward(self, x, out):
-        return self._allgather(x, self._validate("forward", x, whole=False), out)
-
-    def _adjoint(self, y, out):
-        return self._keep_chunk(y, self._validate("adjoint", y, whole=True), out)
 
 
 class ReduceScatter(_SplitAxisOperator):
@@ -336,16 +321,13 @@ class ReduceScatter(_SplitAxisOperator):
     a private copy of the whole).
     """
 
+    _forward_whole = True
+    _moves = {FORWARD: "_reduce_scatter", ADJOINT: "_allgather"}
+
     def __init__(self, comm, axis, extent):
         super().__init__(comm, axis, extent)
         self.domain = Layout(DISTRIBUTED, comm)
         self.range = Layout(DISTRIBUTED, comm)
-
-    def _forward(self, x, out):
-        return self._reduce_scatter(x, self._validate("forward", x, whole=True), out)
-
-    def _adjoint(self, y, out):
-        return self._allgather(y, self._validate("adjoint", y, whole=False), out)
 
 
 class GatherFromCopyTo(_SplitAxisOperator):
@@ -356,16 +338,128 @@ class GatherFromCopyTo(_SplitAxisOperator):
     work). ``adjoint``: ``Reduce_scatter`` of the partial results.
     """
 
+    _forward_whole = False
+    _moves = {FORWARD: "_allgather", ADJOINT: "_reduce_scatter"}
+
     def __init__(self, comm, axis, extent):
         super().__init__(comm, axis, extent)
         self.domain = Layout(DISTRIBUTED, comm)
         self.range = Layout(DISTRIBUTED, comm)
 
-    def _forward(self, x, out):
-        return self._allgather(x, self._validate("forward", x, whole=False), out)
 
-    def _adjoint(self, y, out):
-        return self._reduce_scatter(y, self._validate("adjoint", y, whole=True), out)
+# --- Transpose ------------------------------------------------------------------------------------
+
+class _TransposePlan:
+    """Counts, displacements and buffers of one (direction, input shape, dtype, device), built once.
+
+    Buffers come in sets (send and receive); each call or exchange in flight
+    takes a set of its own from the plan's pool and returns it when done, so
+    two exchanges in flight never share memory.
+    """
+
+    def __init__(self, op, shape, dtype, s, g, n_split, n_gather):
+        size, rank = op.size, op.rank
+        self.size, self.rank, self.s, self.g = size, rank, s, g
+        self.dtype = dtype
+        self.s_sizes, self.g_sizes = split_sizes(n_split, size), split_sizes(n_gather, size)
+        self.s_offs, self.g_offs = offsets_of(self.s_sizes), offsets_of(self.g_sizes)
+        out_shape = list(shape)
+        out_shape[s] = self.s_sizes[rank]
+        out_shape[g] = n_gather
+        self.out_shape = tuple(out_shape)
+        unit_in = math.prod(shape) // n_split
+        unit_out = math.prod(self.out_shape) // n_gather
+        self.send_counts = [0 if q == rank else unit_in * self.s_sizes[q] for q in range(size)]
+        self.recv_counts = [0 if q == rank else unit_out * self.g_sizes[q] for q in range(size)]
+        # the split axis leads: each peer's block is contiguous in the input, send straight from it
+        self.send_direct = math.prod(shape[:s]) == 1
+        self.recv_direct = math.prod(self.out_shape[:g]) == 1
+        self.direct_send_displs = [unit_in * o for o in self.s_offs]
+        self.direct_recv_displs = [unit_out * o for o in self.g_offs]
+        self.packed_send_displs = offsets_of(self.send_counts)
+        self.packed_recv_displs = offsets_of(self.recv_counts)
+        self._pool = []
+
+    def send_block(self, x, q):  # what rank q receives from x: its chunk along s
+        return x[_along(self.s, slice(self.s_offs[q], self.s_offs[q] + self.s_sizes[q]))]
+
+    def recv_block(self, out, q):  # where q's data lands in out: q's chunk along g
+        return out[_along(self.g, slice(self.g_offs[q], self.g_offs[q] + self.g_sizes[q]))]
+
+    def acquire(self, like, host_only):
+        """A buffer set: ``{"send", "recv"}`` flat arrays (pinned host arrays when ``host_only``)."""
+        if self._pool:
+            return self._pool.pop()
+        total_send, total_recv = sum(self.send_counts), sum(self.recv_counts)
+        if host_only and backend.is_device_array(like):
+            ws = backend.Workspace()  # one per set: its pinned buffers belong to this set only
+            return {"send": ws.host("send", total_send, self.dtype, True),
+                    "recv": ws.host("recv", total_recv, self.dtype, True), "workspace": ws}
+        xp = backend.array_module(like)
+        with backend.device_of(like):
+            return {"send": xp.empty(max(total_send, 1), self.dtype)[:total_send],
+                    "recv": xp.empty(max(total_recv, 1), self.dtype)[:total_recv]}
+
+    def release(self, buffers):
+        self._pool.append(buffers)
+
+    def pack(self, x, send):
+        displs = self.packed_send_displs
+        for q in range(self.size):
+            if q != self.rank:
+                block = self.send_block(x, q)
+                send[displs[q]:displs[q] + self.send_counts[q]].reshape(block.shape)[...] = block
+
+    def unpack(self, recv, out):
+        displs = self.packed_recv_displs
+        for q in range(self.size):
+            if q != self.rank:
+                block = self.recv_block(out, q)
+                block[...] = recv[displs[q]:displs[q] + self.recv_counts[q]].reshape(block.shape)
+
+    def copy_own(self, x, out):
+        self.recv_block(out, self.rank)[...] = self.send_block(x, self.rank)
+
+
+class Exchange:
+    """A :class:`Transpose` in flight, from :meth:`Transpose.start_forward` or ``start_adjoint``.
+
+    Call :meth:`wait` to complete it: it returns the result (``out`` when one
+    was given). Until then the input must not be modified and the output not
+    read. Several exchanges may be in flight at once, on one operator or
+    several, and completed in any order; they never share buffers. An
+    exchange that is dropped without :meth:`wait` makes the next call of its
+    operator raise (its buffers may still be written by MPI, so they are
+    never reused).
+    """
+
+    def __init__(self, op, label, plan, buffers, request, x, out, finish):
+        self._op, self._label, self._plan, self._buffers = op, label, plan, buffers
+        self._request, self._x, self._out, self._finish = request, x, out, finish
+        self.done = request is None
+
+    def wait(self):
+        """Complete the exchange and return the result."""
+        if not self.done:
+            self._request.Wait()
+            self._finish()
+            self._plan.release(self._buffers)
+            self.done = True
+            self._x = None
+        return self._out
+
+    def test(self):
+        """True when the exchange has completed (then :meth:`wait` returns at once)."""
+        if self.done:
+            return True
+        if self._request.Test():
+            self.wait()
+            return True
+        return False
+
+    def __del__(self):
+        if not getattr(self, "done", True):
+            self._op._dropped.append(f"an exchange started with {self._label}")
 
 
 class Transpose(_CommunicatorOperator):
@@ -387,18 +481,23 @@ class Transpose(_CommunicatorOperator):
     ``forward``: ``x[..., na @ a, ..., nb_r @ b, ...]`` ->
     ``y[..., na_r @ a, ..., nb @ b, ...]`` where ``na_r, nb_r`` are this
     rank's chunks. ``adjoint`` is the reverse transpose (a permutation, so
-    also the inverse). Both map distributed to distributed.
+    also the inverse). Both map distributed to distributed. On a one-rank
+    communicator both are a local copy (no MPI call).
 
     The block a rank keeps is copied directly; blocks to and from other ranks
     go straight from the input and into the output when they are contiguous
     there (the split axis is the first axis of extent > 1), and through
-    scratch buffers reused across calls otherwise.
+    buffers kept by a plan per input shape otherwise. ``domain_shape(shape)``
+    takes a whole shape and returns this rank's piece.
+
+    :meth:`start_forward` and :meth:`start_adjoint` start the exchange and
+    return an :class:`Exchange` at once, for overlapping it with work.
     """
 
     def __init__(self, comm, axes, extents):
         super().__init__(comm)
         try:
-            a, b = (operator.index(v) for v in axes)
+            a, b = (check_int(v, "axes") for v in axes)
         except (TypeError, ValueError):
             raise TypeError(f"Transpose: axes must be a pair of integers, got {axes!r}") from None
         try:
@@ -411,82 +510,146 @@ class Transpose(_CommunicatorOperator):
         self.extents = (self._extent(na, "extents[0]"), self._extent(nb, "extents[1]"))
         self.domain = Layout(DISTRIBUTED, comm)
         self.range = Layout(DISTRIBUTED, comm)
+        self._plans = {}
+        self._dropped = []
 
-    def _forward(self, x, out):
-        return self._run("forward", x, out, self.axes, self.extents)
+    def _describe(self):
+        return f"Transpose({self._comm_label()}, axes={self.axes}, extents={self.extents})"
 
-    def _adjoint(self, y, out):
-        return self._run("adjoint", y, out, self.axes[::-1], self.extents[::-1])
+    @property
+    def is_identity(self):
+        """True on a one-rank communicator: the map is then the identity (a copy)."""
+        return self.size == 1
 
-    def _run(self, who, x, out, axes, extents):
-        """Exchange so that ``axes[0]`` (whole in ``x``) ends up split and ``axes[1]`` whole."""
-        split_axis, gather_axis = axes
-        n_split, n_gather = extents
-        error = _dtype_error(x) or self._axis_error(x, split_axis) or self._axis_error(x, gather_axis)
-        s = g = None
-        if error is None:
-            s, g = split_axis % x.ndim, gather_axis % x.ndim
-            if s == g:
-                error = ValueError, f"axes {self.axes} name the same axis of an array with {x.ndim} dimensions"
-        if error is None:
-            want_g = split_sizes(n_gather, self.size)[self.rank]
-            if x.shape[s] != n_split or x.shape[g] != want_g:
-                error = ValueError, (
-                    f"expected {n_split} entries along axis {split_axis} (whole) and {want_g} along axis "
-                    f"{gather_axis} (chunk {self.rank} of {n_gather} split over {self.size} ranks), "
-                    f"got input shape {tuple(x.shape)}")
-        check_input(self.comm, f"Transpose.{who}", error, lambda: _meta(x, g))
-        return self._exchange(x, s, g, n_split, n_gather, out)
+    def _roles(self, direction):
+        """``(split axis, gather axis), (n_split, n_gather)`` of the input in ``direction``."""
+        if direction == FORWARD:
+            return self.axes, self.extents
+        return self.axes[::-1], self.extents[::-1]
 
-    def _exchange(self, x, s, g, n_split, n_gather, out):
-        size, rank = self.size, self.rank
-        s_sizes, g_sizes = split_sizes(n_split, size), split_sizes(n_gather, size)
-        s_offs, g_offs = offsets_of(s_sizes), offsets_of(g_sizes)
-        out_shape = list(x.shape)
-        out_shape[s] = s_sizes[rank]
-        out_shape[g] = n_gather
-        out = output_array("Transpose", self.comm, x, out, tuple(out_shape))
+    def _output(self, direction, spec):
+        if self._dropped:
+            raise InputError(f"{self._dropped[0]} on this operator was dropped without wait(); its buffers may "
+                             "still be written by MPI. Call wait() on every Exchange", RuntimeError)
+        _check_dtype(spec)
+        (split_axis, gather_axis), (n_split, n_gather) = self._roles(direction)
+        s, g = _check_axis(spec, split_axis), _check_axis(spec, gather_axis)
+        if s == g:
+            raise InputError(f"axes {self.axes} name the same axis of an array with {len(spec.shape)} dimensions")
+        want_g = split_sizes(n_gather, self.size)[self.rank]
+        if spec.shape[s] != n_split or spec.shape[g] != want_g:
+            raise InputError(
+                f"expected {n_split} entries along axis {split_axis} (whole) and {want_g} along axis "
+                f"{gather_axis} (chunk {self.rank} of {n_gather} split over {self.size} ranks), "
+                f"got input shape {spec.shape}")
+        shape = list(spec.shape)
+        shape[s] = split_sizes(n_split, self.size)[self.rank]
+        shape[g] = n_gather
+        return spec.but(shape=shape), spec.describe((g,))
 
-        def send_block(q):  # what rank q receives from x: its chunk along s
-            return x[_along(s, slice(s_offs[q], s_offs[q] + s_sizes[q]))]
+    def _shapes(self, lead):
+        (a, b), (na, nb) = self.axes, self.extents
+        a, b = a % len(lead), b % len(lead)
+        domain, range_ = list(lead), list(lead)
+        domain[a], domain[b] = na, split_sizes(nb, self.size)[self.rank]
+        range_[a], range_[b] = split_sizes(na, self.size)[self.rank], nb
+        return tuple(domain), tuple(range_)
 
-        def recv_block(q):  # where q's data lands in out: q's chunk along g
-            return out[_along(g, slice(g_offs[q], g_offs[q] + g_sizes[q]))]
+    def _plan(self, direction, x):
+        (split_axis, gather_axis), (n_split, n_gather) = self._roles(direction)
+        key = (direction, tuple(x.shape), x.dtype.str, backend.is_device_array(x))
+        plan = self._plans.get(key)
+        if plan is None:
+            if len(self._plans) >= 8:
+                self._plans.pop(next(iter(self._plans)))
+            plan = self._plans[key] = _TransposePlan(self, tuple(x.shape), numpy.dtype(x.dtype),
+                                                     split_axis % x.ndim, gather_axis % x.ndim, n_split, n_gather)
+        return plan
 
-        recv_block(rank)[...] = send_block(rank)
-        if size == 1:
-            return out
+    def _run(self, direction, x, out, context):
+        if self.size == 1:
+            backend.copy_into(out, x)
+            return
+        plan = self._plan(direction, x)
+        buffers = plan.acquire(x, host_only=False)
+        try:
+            if plan.send_direct and _is_c_contiguous(x):
+                send, send_displs = x.reshape(-1), plan.direct_send_displs
+            else:
+                send, send_displs = buffers["send"], plan.packed_send_displs
+                plan.pack(x, send)
+            direct = plan.recv_direct and _is_c_contiguous(out)
+            if direct:
+                recv, recv_displs = out.reshape(-1), plan.direct_recv_displs
+            else:
+                recv, recv_displs = buffers["recv"], plan.packed_recv_displs
+            plan.copy_own(x, out)
+            collectives.alltoallv(self.comm, send, plan.send_counts, send_displs, recv, plan.recv_counts,
+                                  recv_displs, staged=context.staged, workspace=self._workspace)
+            if not direct:
+                plan.unpack(recv, out)
+        finally:
+            plan.release(buffers)
 
-        unit_in = x.size // n_split
-        unit_out = out.size // n_gather
-        send_counts = [0 if q == rank else unit_in * s_sizes[q] for q in range(size)]
-        recv_counts = [0 if q == rank else unit_out * g_sizes[q] for q in range(size)]
+    # --- non-blocking form ---------------------------------------------------------
 
-        if _is_c_contiguous(x) and _prod(x.shape[:s]) == 1:
-            send = x.reshape(-1)
-            send_displs = [unit_in * o for o in s_offs]
+    def start_forward(self, x, out=None):
+        """Start the forward transpose; returns an :class:`Exchange` whose ``wait()`` gives the result.
+
+        Collective, and checked and agreed like :meth:`forward` (the ranks
+        must all start, in the same order; blocking and non-blocking calls do
+        not match each other).
+        """
+        return self._start(FORWARD, x, out)
+
+    def start_adjoint(self, y, out=None):
+        """Start the adjoint (reverse) transpose; see :meth:`start_forward`."""
+        return self._start(ADJOINT, y, out)
+
+    def _start(self, direction, x, out):
+        handle = []
+
+        def begin(direction_, x_, out_, context):
+            handle.append(self._begin(direction_, x_, out_, context, f"start_{direction}"))
+
+        self._apply(direction, x, out, label=f"start_{direction}", runner=begin)
+        return handle[0]
+
+    def _begin(self, direction, x, out, context, label):
+        if self.size == 1:
+            backend.copy_into(out, x)
+            return Exchange(self, label, None, None, None, x, out, None)
+        plan = self._plan(direction, x)
+        buffers = plan.acquire(x, host_only=context.staged)
+        staged = context.staged and backend.is_device_array(x)
+        if not staged and plan.send_direct and _is_c_contiguous(x):
+            send, send_displs = x.reshape(-1), plan.direct_send_displs
         else:
-            send = self._workspace.scratch("send", x, sum(send_counts))
-            send_displs = offsets_of(send_counts)
-            for q in range(size):
-                if q != rank:
-                    block = send_block(q)
-                    send[send_displs[q]:send_displs[q] + send_counts[q]].reshape(block.shape)[...] = block
-
-        direct = _is_c_contiguous(out) and _prod(out.shape[:g]) == 1
+            send, send_displs = buffers["send"], plan.packed_send_displs
+            if staged:
+                packed = backend.array_module(x).empty(send.size, x.dtype)
+                plan.pack(x, packed)
+                backend.copy_to_host(packed, send)
+            else:
+                plan.pack(x, send)
+        direct = not staged and plan.recv_direct and _is_c_contiguous(out)
         if direct:
-            recv = out.reshape(-1)
-            recv_displs = [unit_out * o for o in g_offs]
+            recv, recv_displs = out.reshape(-1), plan.direct_recv_displs
         else:
-            recv = self._workspace.scratch("recv", x, sum(recv_counts))
-            recv_displs = offsets_of(recv_counts)
+            recv, recv_displs = buffers["recv"], plan.packed_recv_displs
+        request = collectives.ialltoallv(self.comm, send, plan.send_counts, send_displs, recv, plan.recv_counts,
+                                         recv_displs)
+        plan.copy_own(x, out)
 
-        collectives.alltoallv(self.comm, send, send_counts, send_displs, recv, recv_counts, recv_displs,
-                              workspace=self._workspace)
+        def finish():
+            if direct:
+                return
+            if staged:
+                arrived = backend.array_module(out).empty(recv.size, out.dtype)
+                backend.copy_from_host(recv, arrived)
+                plan.unpack(arrived, out)
+            else:
+                plan.unpack(recv, out)
 
-        if not direct:
-            for q in range(size):
-                if q != rank:
-                    block = recv_block(q)
-                    block[...] = recv[recv_displs[q]:recv_displs[q] + recv_counts[q]].reshape(block.shape)
-        return out
+        return Exchange(self, label, plan, buffers, request, x, out, finish)
+

@@ -1,4 +1,4 @@
-"""Latitude grids and quadrature weights, latitude support bands, halo radii.
+"""Latitude grids and quadrature weights: one record per rule.
 
 All grids are returned as colatitudes ``theta`` in radians, increasing
 (north pole first), with weights for integrals over ``x = cos(theta)`` on
@@ -14,40 +14,40 @@ field:
     Gauss-Lobatto-Legendre: the poles and the roots of ``P'_{n-1}``; exact to
     degree ``2n - 3``.
 
-Nothing here communicates; every rank computes the same numbers.
+Each rule is one :class:`QuadratureRule` record in :data:`RULES` (nodes and
+weights, exact degree, torch-harmonics 0.9's default truncation, aliases,
+fewest points); a new rule is one more record. Nothing here communicates;
+every rank computes the same numbers.
 """
 
-import operator
+import dataclasses
+import math
+from typing import Callable, Tuple
 
 import numpy
 
+from .partition import check_int
+
 __all__ = [
-    "GRIDS",
-    "canonical_grid",
-    "clenshaw_curtis",
-    "legendre_gauss",
-    "lobatto",
+    "QuadratureRule",
+    "RULES",
+    "QUADRATURES",
+    "rule",
     "latitudes",
     "exact_degree",
     "default_lmax",
     "truncate_sht",
-    "latitude_support_band",
-    "polar_halo_radius",
+    "clenshaw_curtis",
+    "legendre_gauss",
+    "lobatto",
 ]
 
-GRIDS = ("equiangular", "legendre-gauss", "lobatto")
-_ALIASES = {"equiangular": "equiangular", "equidistant": "equiangular", "clenshaw-curtis": "equiangular",
-            "legendre-gauss": "legendre-gauss", "gauss": "legendre-gauss", "lobatto": "lobatto",
-            "legendre-gauss-lobatto": "lobatto"}
 
-
-def _points(n, minimum, name):
-    try:
-        n = operator.index(n)
-    except TypeError:
-        raise TypeError(f"{name}: the number of latitudes must be an integer, got {n!r}") from None
+def _points(n, minimum, who, rule_name=None):
+    n = check_int(n, "the number of latitudes", who)
     if n < minimum:
-        raise ValueError(f"{name}: needs at least {minimum} latitudes, got {n}")
+        what = f"the {rule_name} rule" if rule_name else who
+        raise ValueError(f"{who}: {what} needs at least {minimum} latitudes, got {n}")
     return n
 
 
@@ -137,44 +137,83 @@ def lobatto(n):
     return numpy.arccos(numpy.clip(x, -1.0, 1.0)), weights
 
 
-def canonical_grid(grid):
-    """The name in :data:`GRIDS` that ``grid`` (or one of its aliases) stands for."""
-    key = _ALIASES.get(str(grid).lower())
-    if key is None:
-        raise ValueError(f"unknown quadrature grid {grid!r}; choose one of {', '.join(GRIDS)}")
-    return key
+@dataclasses.dataclass(frozen=True)
+class QuadratureRule:
+    """Everything mpisphere knows about one latitude rule.
+
+    Attributes
+    ----------
+    name : str
+        The name transforms take as ``quadrature=``.
+    aliases : tuple of str
+        Other names accepted for it (case does not matter).
+    min_points : int
+        Fewest latitudes the rule is defined for.
+    nodes : callable
+        ``nodes(n) -> (theta, weights)``.
+    exact_degree : callable
+        ``exact_degree(n)``: highest polynomial degree in ``cos(theta)`` the
+        ``n``-point rule integrates exactly.
+    default_lmax : callable
+        ``default_lmax(n)``: torch-harmonics 0.9's default number of degrees.
+    """
+
+    name: str
+    aliases: Tuple[str, ...]
+    min_points: int
+    nodes: Callable
+    exact_degree: Callable
+    default_lmax: Callable
 
 
-def latitudes(nlat, grid="equiangular"):
-    """Colatitudes and weights of a named grid (see the module docstring)."""
-    rule = {"equiangular": clenshaw_curtis, "legendre-gauss": legendre_gauss, "lobatto": lobatto}
-    return rule[canonical_grid(grid)](nlat)
+RULES = {r.name: r for r in (
+    QuadratureRule("equiangular", ("equidistant", "clenshaw-curtis"), 2, clenshaw_curtis,
+                   lambda n: n if n % 2 else n - 1, lambda n: (n + 1) // 2),
+    QuadratureRule("legendre-gauss", ("gauss", "gauss-legendre"), 1, legendre_gauss,
+                   lambda n: 2 * n - 1, lambda n: n),
+    QuadratureRule("lobatto", ("legendre-gauss-lobatto", "gauss-lobatto"), 2, lobatto,
+                   lambda n: 2 * n - 3, lambda n: n - 1),
+)}
+"""The rules by name; :func:`rule` also resolves aliases."""
+
+QUADRATURES = tuple(RULES)
 
 
-def exact_degree(nlat, grid):
+def rule(quadrature):
+    """The :class:`QuadratureRule` named ``quadrature`` (or one of its aliases)."""
+    key = str(quadrature).lower()
+    for candidate in RULES.values():
+        if key == candidate.name or key in candidate.aliases:
+            return candidate
+    raise ValueError(f"unknown quadrature grid {quadrature!r}; choose one of {', '.join(QUADRATURES)}")
+
+
+def _rule_points(quadrature, nlat, who):
+    found = rule(quadrature)
+    return found, _points(nlat, found.min_points, who, found.name)
+
+
+def latitudes(nlat, quadrature="equiangular"):
+    """Colatitudes and weights of ``nlat`` points of a rule (see the module docstring)."""
+    found, nlat = _rule_points(quadrature, nlat, "latitudes")
+    return found.nodes(nlat)
+
+
+def exact_degree(nlat, quadrature):
     """Highest polynomial degree in ``cos(theta)`` the ``nlat``-point rule integrates exactly."""
-    key = canonical_grid(grid)
-    if key == "equiangular":
-        return nlat if nlat % 2 else nlat - 1
-    if key == "legendre-gauss":
-        return 2 * nlat - 1
-    return 2 * nlat - 3
+    found, nlat = _rule_points(quadrature, nlat, "exact_degree")
+    return found.exact_degree(nlat)
 
 
 def default_lmax(nlat, quadrature="equiangular"):
-    """torch-harmonics 0.9's default number of degrees for ``nlat`` latitudes of a grid.
+    """torch-harmonics 0.9's default number of degrees for ``nlat`` latitudes of a rule.
 
     ``legendre-gauss``: ``nlat``; ``lobatto``: ``nlat - 1``; ``equiangular``:
-    ``(nlat + 1) // 2`` (the degrees whose squares the Clenshaw-Curtis rule
-    integrates exactly).
+    ``(nlat + 1) // 2`` (the degrees whose products the rule integrates
+    exactly).
     """
-    key = canonical_grid(quadrature)
-    nlat = _points(nlat, 1, "default_lmax")
-    if key == "legendre-gauss":
-        return nlat
-    if key == "lobatto":
-        return nlat - 1
-    return (nlat + 1) // 2
+    found, nlat = _rule_points(quadrature, nlat, "default_lmax")
+    return found.default_lmax(nlat)
 
 
 def truncate_sht(nlat, nlon, lmax=None, mmax=None, quadrature="equiangular"):
@@ -210,129 +249,6 @@ def truncate_sht(nlat, nlon, lmax=None, mmax=None, quadrature="equiangular"):
                                   or value < 1):
             raise ValueError(f"truncate_sht: {name} must be a positive integer or None, got {value!r}")
     lmax = default_lmax(nlat, quadrature) if lmax is None else int(lmax)
-    mmax = _points(nlon, 1, "truncate_sht") // 2 + 1 if mmax is None else int(mmax)
+    mmax = check_int(nlon, "nlon", "truncate_sht", minimum=1) // 2 + 1 if mmax is None else int(mmax)
     lmax = mmax = min(lmax, mmax)
     return lmax, mmax
-
-
-def latitude_support_band(lats_in, lats_out, theta_cutoff):
-    """For each output latitude, the input latitudes within ``theta_cutoff``.
-
-    Two points on the sphere are at least ``|theta_in - theta_out|`` apart,
-    with equality on the same meridian, so the input latitudes that a
-    localized operator of radius ``theta_cutoff`` can reach from an output
-    latitude form the contiguous band ``|theta_in - theta_out| <= theta_cutoff``.
-
-    Parameters
-    ----------
-    lats_in, lats_out : array_like, shape ``(nlat_in,)``, ``(nlat_out,)``
-        Colatitudes in radians, increasing.
-    theta_cutoff : float
-        Angular radius in radians.
-
-    Returns
-    -------
-    lo, hi : ndarray of int, shape ``(nlat_out,)``
-        First and last index into ``lats_in`` of the band; ``hi < lo`` where
-        the band is empty. Both are non-decreasing.
-    """
-    lats_in = numpy.asarray(lats_in, dtype=numpy.float64)
-    lats_out = numpy.asarray(lats_out, dtype=numpy.float64)
-    if lats_in.ndim != 1 or lats_out.ndim != 1:
-        raise ValueError("latitude_support_band: latitudes must be 1-D arrays")
-    if numpy.any(numpy.diff(lats_in) < 0) or numpy.any(numpy.diff(lats_out) < 0):
-        raise ValueError("latitude_support_band: latitudes must be increasing (north pole first)")
-    if not theta_cutoff >= 0:
-        raise ValueError(f"latitude_support_band: theta_cutoff must be non-negative, got {theta_cutoff}")
-    n = len(lats_in)
-    lo = numpy.searchsorted(lats_in, lats_out - theta_cutoff, side="left")
-    hi = numpy.searchsorted(lats_in, lats_out + theta_cutoff, side="right") - 1
-
-    # searchsorted compares theta_in with theta_out -/+ cutoff, which rounds
-    # differently from |theta_in - theta_out| <= cutoff at the very edge of the
-    # band; move each end by at most one so the band is exactly that predicate.
-    def inside(i):
-        return numpy.abs(lats_in[numpy.clip(i, 0, n - 1)] - lats_out) <= theta_cutoff
-
-    for _ in range(2):
-        lo = numpy.where((lo > 0) & inside(lo - 1), lo - 1, lo)
-        lo = numpy.where((lo < n) & (lo <= hi) & ~inside(lo), lo + 1, lo)
-        hi = numpy.where((hi < n - 1) & inside(hi + 1), hi + 1, hi)
-        hi = numpy.where((hi >= 0) & (hi >= lo) & ~inside(hi), hi - 1, hi)
-    return lo.astype(numpy.int64), hi.astype(numpy.int64)
-
-
-def _polar_sizes(grid_or_sizes, nlat_in, nlat_out):
-    from .partition import split_sizes
-    npolar = getattr(grid_or_sizes, "npolar", None)
-    if npolar is None and isinstance(grid_or_sizes, int):
-        npolar = grid_or_sizes
-    if npolar is not None:
-        return split_sizes(nlat_in, npolar), split_sizes(nlat_out, npolar)
-    try:
-        sizes_in, sizes_out = (list(map(int, s)) for s in grid_or_sizes)
-    except (TypeError, ValueError):
-        raise TypeError("polar_halo_radius: grid_or_sizes must be a ProcessGrid, a number of polar ranks, "
-                        "or a pair (input sizes, output sizes)") from None
-    if sum(sizes_in) != nlat_in or sum(sizes_out) != nlat_out or len(sizes_in) != len(sizes_out):
-        raise ValueError(f"polar_halo_radius: sizes {sizes_in} / {sizes_out} do not split "
-                         f"{nlat_in} / {nlat_out} latitudes over the same number of ranks")
-    return sizes_in, sizes_out
-
-
-def polar_halo_radius(grid_or_sizes, lats_in, lats_out, theta_cutoff):
-    """Latitude rows a polar rank must borrow from its neighbours.
-
-    A polar rank owns a contiguous range of input and output latitudes; the
-    rows it must borrow are where the support band of its output range runs
-    past its own input range. The radius is the largest such overhang over
-    all ranks, computed from the geometry alone (no communication, the same
-    on every rank).
-
-    Parameters
-    ----------
-    grid_or_sizes : ProcessGrid, int, or (list of int, list of int)
-        The grid (or its number of polar ranks), whose ``split_sizes`` of the
-        input and output latitudes are used; or the per-rank sizes
-        themselves.
-    lats_in, lats_out : array_like
-        Input and output colatitudes, increasing.
-    theta_cutoff : float
-        Angular radius of the localized operator, radians.
-
-    Returns
-    -------
-    int
-        The halo width in rows, for ``HaloExchange(grid, rows=...)``; 0 on a
-        single polar rank.
-
-    Raises
-    ------
-    ValueError
-        If the radius exceeds the smallest input chunk: the exchange only
-        reaches the immediate neighbours.
-    """
-    lats_in = numpy.asarray(lats_in, dtype=numpy.float64)
-    lats_out = numpy.asarray(lats_out, dtype=numpy.float64)
-    sizes_in, sizes_out = _polar_sizes(grid_or_sizes, len(lats_in), len(lats_out))
-    if len(sizes_in) <= 1:
-        return 0
-    lo, hi = latitude_support_band(lats_in, lats_out, theta_cutoff)
-    radius = 0
-    in_start = out_start = 0
-    for n_in, n_out in zip(sizes_in, sizes_out):
-        rows = numpy.arange(out_start, out_start + n_out)
-        nonempty = rows[hi[rows] >= lo[rows]]
-        if len(nonempty):
-            # bands are monotone: the first and last non-empty rows bound the whole range
-            need_lo, need_hi = lo[nonempty[0]], hi[nonempty[-1]]
-            radius = max(radius, in_start - need_lo, need_hi - (in_start + n_in - 1))
-        in_start += n_in
-        out_start += n_out
-    smallest = min(sizes_in)
-    if radius > smallest:
-        raise ValueError(
-            f"polar_halo_radius: a halo of {radius} rows is wider than the smallest polar tile ({smallest} rows; "
-            f"input latitudes split as {sizes_in}); the exchange reaches only the immediate neighbours, so use "
-            "fewer polar ranks, more latitudes or a smaller theta_cutoff")
-    return int(radius)

@@ -1,16 +1,21 @@
 """Process-wide switches: the one settings object of mpisphere.
 
 ``mpisphere.config`` is the only mutable object the package keeps at module
-level, and it holds switches only (no communicators, no buffers, no caches
-that grow). Every operator reads it when it runs, so a switch set in code
-takes effect on the next call.
+level, and it holds switches only (no communicators, no buffers, no
+caches). Every operator reads it when it runs, so a switch set in code takes
+effect on the next call. Set a switch the same way on every rank: a switch
+that differs between ranks is reported as a disagreement (``debug``,
+``force_staging``) or, for ``agreement``, can leave ranks waiting.
 
 Environment variables are read once, when mpisphere is imported:
 
 ``MPISPHERE_DEBUG=1``
-    compare shapes and dtypes across ranks before every collective, so that a
-    mismatch that only shows across ranks is an error on every rank instead of
-    a hang or corrupted data. Costs one small ``allgather`` per call.
+    deeper checks: the ranks always compare their full call descriptions,
+    not only a digest of them.
+``MPISPHERE_AGREEMENT=0``
+    skip the agreement step that operators run before they communicate (see
+    :mod:`mpisphere.operators`). Only for code whose every call is proven to
+    match across ranks: a mistake then hangs or returns wrong data.
 ``MPISPHERE_CUDA_AWARE=0|1``
     override the detection of a CUDA-aware MPI library (see
     :mod:`mpisphere.cuda_aware`). Unset means detect.
@@ -22,6 +27,7 @@ __all__ = ["Config", "config"]
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
+_SWITCHES = ("debug", "agreement", "cuda_aware", "force_staging")
 
 
 def _parse_flag(name, value, allow_none):
@@ -51,26 +57,29 @@ class Config:
     Attributes
     ----------
     debug : bool
-        Cross-rank metadata checks before every collective (``MPISPHERE_DEBUG``).
+        Compare the full call descriptions across ranks on every call, not
+        only their digest (``MPISPHERE_DEBUG``).
+    agreement : bool
+        Run the agreement step before communicating (default True,
+        ``MPISPHERE_AGREEMENT``). Must be the same on every rank.
     cuda_aware : bool or None
         ``True``: hand device buffers to MPI directly. ``False``: stage them
-        through pinned host buffers. ``None`` (default): detect once, the same
-        answer on every rank (``MPISPHERE_CUDA_AWARE`` sets it at import).
+        through pinned host buffers. ``None`` (default): detect, and agree
+        across ranks (``MPISPHERE_CUDA_AWARE`` sets it at import).
     force_staging : bool
         Testing aid: run the host-staging code path for NumPy buffers too, so
         that the staging logic is exercised on machines without a GPU. Results
         are identical, only slower.
     """
 
-    __slots__ = ("_debug", "_cuda_aware", "_force_staging", "_cuda_aware_decision")
+    __slots__ = tuple("_" + name for name in _SWITCHES)
 
     def __init__(self, environ=None):
         environ = os.environ if environ is None else environ
         self._debug = _parse_flag("MPISPHERE_DEBUG", environ.get("MPISPHERE_DEBUG", "0"), False)
+        self._agreement = _parse_flag("MPISPHERE_AGREEMENT", environ.get("MPISPHERE_AGREEMENT", "1"), False)
         self._cuda_aware = _parse_flag("MPISPHERE_CUDA_AWARE", environ.get("MPISPHERE_CUDA_AWARE", ""), True)
         self._force_staging = False
-        # (bool, source) once decided; reset whenever cuda_aware is set
-        self._cuda_aware_decision = None
 
     @property
     def debug(self):
@@ -81,13 +90,20 @@ class Config:
         self._debug = _check_flag("debug", value, False)
 
     @property
+    def agreement(self):
+        return self._agreement
+
+    @agreement.setter
+    def agreement(self, value):
+        self._agreement = _check_flag("agreement", value, False)
+
+    @property
     def cuda_aware(self):
         return self._cuda_aware
 
     @cuda_aware.setter
     def cuda_aware(self, value):
         self._cuda_aware = _check_flag("cuda_aware", value, True)
-        self._cuda_aware_decision = None
 
     @property
     def force_staging(self):
@@ -96,15 +112,6 @@ class Config:
     @force_staging.setter
     def force_staging(self, value):
         self._force_staging = _check_flag("force_staging", value, False)
-
-    @property
-    def device_buffer_path(self):
-        """One line: how device buffers reach MPI now (CUDA-aware or staged), and why.
-
-        Never communicates (see :func:`mpisphere.collectives.describe_path`).
-        """
-        from .collectives import describe_path  # settings sits below collectives
-        return describe_path()
 
     def override(self, **switches):
         """Context manager that sets switches and restores them on exit.
@@ -115,15 +122,14 @@ class Config:
         return _Override(self, switches)
 
     def __repr__(self):
-        return (f"Config(debug={self._debug}, cuda_aware={self._cuda_aware}, "
-                f"force_staging={self._force_staging})")
+        return "Config(" + ", ".join(f"{name}={getattr(self, name)}" for name in _SWITCHES) + ")"
 
 
 class _Override:
     def __init__(self, cfg, switches):
         for name in switches:
-            if name not in ("debug", "cuda_aware", "force_staging"):
-                raise AttributeError(f"mpisphere.config has no switch {name!r}")
+            if name not in _SWITCHES:
+                raise AttributeError(f"mpisphere.config has no switch {name!r}; it has {', '.join(_SWITCHES)}")
         self._cfg = cfg
         self._switches = switches
         self._saved = None

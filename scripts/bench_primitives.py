@@ -42,6 +42,8 @@ class Bench:
 
     def add(self, name, direction, fn, raw_name, raw_fn, nbytes, comm=None):
         op = self.time(fn, comm)
+        with mpisphere.config.override(agreement=False):  # the same call without the agreement step
+            unagreed = self.time(fn, comm)
         raw = self.time(raw_fn, comm)
         src = self.xp.ones(max(nbytes // 8, 1))
         dst = self.xp.empty_like(src)
@@ -49,12 +51,13 @@ class Bench:
         row = {"grid": f"{self.grid.npolar}x{self.grid.nazimuth}", "operator": name, "direction": direction,
                "median_ms": op[0], "min_ms": op[1], "max_ms": op[2], "raw_call": raw_name,
                "raw_median_ms": raw[0], "raw_min_ms": raw[1], "raw_max_ms": raw[2], "memcpy_ms": copy[0],
-               "bytes": int(nbytes), "ratio_raw": op[0] / raw[0], "ratio_memcpy": op[0] / copy[0]}
+               "bytes": int(nbytes), "ratio_raw": op[0] / raw[0], "ratio_memcpy": op[0] / copy[0],
+               "no_agreement_ms": unagreed[0], "agreement_ms": op[0] - unagreed[0]}
         self.rows.append(row)
         if self.grid.rank == 0:
             print(f"{row['grid']:>4} {name:28s} {direction:10s} {op[0]:8.2f} ms [{op[1]:7.2f}..{op[2]:7.2f}]  "
-                  f"{raw_name:16s} {raw[0]:8.2f} ms  x{row['ratio_raw']:5.2f} raw  x{row['ratio_memcpy']:6.1f} memcpy",
-                  flush=True)
+                  f"{raw_name:16s} {raw[0]:8.2f} ms  x{row['ratio_raw']:5.2f} raw  x{row['ratio_memcpy']:6.1f} memcpy  "
+                  f"agreement {1e3 * row['agreement_ms']:+7.0f} us", flush=True)
 
 
 def raw_alltoallv(comm, send_counts, recv_counts, dtype):
@@ -227,12 +230,13 @@ def main(argv=None):
         print(f"mpisphere {mpisphere.__version__}, {size} ranks, field ({args.batch}, {args.nlat}, {args.nlon}) "
               f"{args.dtype}, {args.device}, {args.repeats} repeats; MPI: "
               f"{MPI.Get_library_version().splitlines()[0].strip()}")
-        print(f"  GPU buffers: {collectives.describe_path(world)}")
         print(f"{'grid':>4} {'operator':28s} {'direction':10s} {'median':>11s} {'min..max':>18s}  "
               f"{'raw MPI call':16s} {'median':>11s}  ratios")
     rows = []
     for npolar, nazimuth in shapes:
         with ProcessGrid(world, npolar, nazimuth) as grid:
+            if grid.rank == 0 and not rows:
+                print(f"  GPU buffers: {grid.device_buffer_path}")
             rows += bench_grid(grid, args, xp)
     if args.json and world.Get_rank() == 0:
         meta = {"ranks": size, "batch": args.batch, "nlat": args.nlat, "nlon": args.nlon, "dtype": args.dtype,

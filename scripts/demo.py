@@ -20,7 +20,7 @@ import numpy
 from mpi4py import MPI
 
 import mpisphere
-from mpisphere import DistributedInverseRealSHT, DistributedRealSHT, ProcessGrid, collectives, dottest
+from mpisphere import DistributedInverseRealSHT, DistributedRealSHT, ProcessGrid, dottest
 from mpisphere.partition import chunk_slice
 from mpisphere.quadrature import latitudes
 
@@ -72,7 +72,7 @@ def timed(comm, fn, repeats):
     """Median over repeats of the slowest rank's time, in milliseconds."""
     times = []
     for _ in range(repeats):
-        collectives.barrier(comm)
+        comm.Barrier()
         start = time.perf_counter()
         fn()
         times.append(comm.allreduce(time.perf_counter() - start, op=MPI.MAX))
@@ -147,7 +147,7 @@ def main(argv=None):
               f"{180 / (nlat - 1):g} degree), lmax = mmax = {lmax}")
         print(f"  rank 0 tile     {tuple(fields.shape)}, coefficient block {tuple(coeffs.shape)}")
         print(f"  backend         {backend}")
-        print(f"  GPU buffers     {mpisphere.config.device_buffer_path}")
+        print(f"  GPU buffers     {grid.device_buffer_path}")
         print(f"  round trip      max |inverse(forward(f)) - f| / max |f| = {round_trip:.2e}")
         print(f"  coefficients    max error against the analytic harmonics = {coeff_error:.2e}")
         print(f"  dot tests       forward {dot_forward:.1e}, inverse {dot_inverse:.1e} (relative)")

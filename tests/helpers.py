@@ -31,3 +31,17 @@ def chunk(x, axis, parts, index):
 def rank_rng(comm, seed=7):
     """A generator that differs per rank (for distributed test data)."""
     return numpy.random.default_rng([seed, comm.Get_rank(), comm.Get_size()])
+
+
+def every_rank(size):
+    """How an error found on every rank of ``size`` names them (``rank 0 of 1``, ``ranks 0, 1 of 2``, ``ranks 0-3 of 4``)."""
+    if size == 1:
+        return "rank 0 of 1"
+    if size == 2:
+        return "ranks 0, 1 of 2"
+    return f"ranks 0-{size - 1} of {size}"
+
+
+def quoted(text, rank, size):
+    """A regex for ``text`` as this rank's own line of an error quoting each rank (the first four are quoted)."""
+    return rf"rank {rank} of {size}: {text}" if rank < 4 else rf"\| and {size - 4} more ranks?$"

@@ -167,7 +167,7 @@ def test_bad_ranks_and_roots(grid):
     with pytest.raises(ValueError,
                        match=rf"ProcessGrid.tile_slices: rank {grid.size} out of range for {grid.size} ranks"):
         grid.tile_slices(7, 10, grid.size)
-    with pytest.raises(ValueError, match=rf"ProcessGrid: root {grid.size} out of range for {grid.size} ranks"):
+    with pytest.raises(ValueError, match=rf"ProcessGrid.scatter: root {grid.size} out of range for {grid.size} ranks"):
         grid.scatter(None, root=grid.size)
     with pytest.raises(ValueError, match="ProcessGrid.scatter: root 0 must pass an array with at least 2 axes"):
         grid.scatter(numpy.zeros(3) if grid.rank == 0 else None)

@@ -5,8 +5,9 @@ import pytest
 from numpy.polynomial import legendre as npleg
 
 from mpisphere.partition import split_sizes
-from mpisphere.quadrature import (GRIDS, clenshaw_curtis, exact_degree, latitude_support_band, latitudes,
-                                  legendre_gauss, lobatto, polar_halo_radius)
+from mpisphere.halo import latitude_support_band, polar_halo_radius
+from mpisphere.quadrature import QUADRATURES as GRIDS
+from mpisphere.quadrature import RULES, clenshaw_curtis, exact_degree, latitudes, legendre_gauss, lobatto, rule
 
 SIZES = list(range(2, 30)) + [64, 91, 128, 181, 361]
 
@@ -84,8 +85,24 @@ def test_bad_grids():
         clenshaw_curtis(1)
     with pytest.raises(ValueError, match="needs at least 2 latitudes"):
         lobatto(1)
+    with pytest.raises(ValueError, match="latitudes: the lobatto rule needs at least 2 latitudes, got 1"):
+        latitudes(1, "lobatto")
     with pytest.raises(TypeError, match="legendre_gauss: the number of latitudes must be an integer, got 3.5"):
         legendre_gauss(3.5)
+
+
+def test_one_record_per_rule():
+    """Every rule is one record: its nodes, exact degree, default truncation and aliases agree with each other."""
+    assert set(RULES) == set(GRIDS) == {"equiangular", "legendre-gauss", "lobatto"}
+    for name, record in RULES.items():
+        assert rule(name) is record and rule(name.upper()) is record
+        for alias in record.aliases:
+            assert rule(alias) is record
+        n = 9
+        theta, w = record.nodes(n)
+        assert len(theta) == n and exact_degree(n, name) == record.exact_degree(n)
+        # the default truncation is one whose squares the rule integrates exactly
+        assert 2 * (record.default_lmax(n) - 1) <= record.exact_degree(n)
 
 
 # --- support bands ----------------------------------------------------------------

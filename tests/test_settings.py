@@ -7,7 +7,14 @@ from mpisphere.settings import Config
 
 def test_defaults_from_empty_environment():
     cfg = Config(environ={})
-    assert cfg.debug is False and cfg.cuda_aware is None and cfg.force_staging is False
+    assert cfg.debug is False and cfg.cuda_aware is None and cfg.force_staging is False and cfg.agreement is True
+
+
+def test_agreement_switch():
+    assert Config(environ={"MPISPHERE_AGREEMENT": "0"}).agreement is False
+    cfg = Config(environ={})
+    with pytest.raises(TypeError, match="agreement must be True or False"):
+        cfg.agreement = "off"
 
 
 @pytest.mark.parametrize("text, value", [("1", True), ("yes", True), ("0", False), ("off", False)])
@@ -40,12 +47,5 @@ def test_override_restores():
     with cfg.override(debug=True, force_staging=True):
         assert cfg.debug and cfg.force_staging
     assert not cfg.debug and not cfg.force_staging
-    with pytest.raises(AttributeError, match="no switch 'verbose'"):
+    with pytest.raises(AttributeError, match="no switch 'verbose'; it has debug, agreement, cuda_aware, force_staging"):
         cfg.override(verbose=True)
-
-
-def test_setting_cuda_aware_drops_the_cached_decision():
-    cfg = Config(environ={})
-    cfg._cuda_aware_decision = (False, "test")
-    cfg.cuda_aware = True
-    assert cfg._cuda_aware_decision is None

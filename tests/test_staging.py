@@ -8,40 +8,17 @@ that MPI sees only through DLPack or the CUDA array interface.
 import numpy
 import pytest
 
-from mpisphere import (CopyTo, DistributedInverseRealSHT, DistributedRealSHT, GatherFrom, GatherFromCopyTo,
-                       HaloExchange, ReduceFrom, ReduceScatter, ScatterTo, Transpose, collectives, config, dottest)
+from mpisphere import collectives, config, cuda_aware, dottest
 from mpisphere.backend import Workspace
 
-from helpers import chunk, random_array, rank_rng
+from catalogue import operators
+from helpers import random_array, rank_rng
 
 pytestmark = pytest.mark.mpi
 
 
-def _operators(grid):
-    """(operator, domain point) pairs covering every primitive, on uneven extents."""
-    az, pol = grid.azimuth, grid.polar
-    p_az, r_az = az.Get_size(), az.Get_rank()
-    local = rank_rng(grid.cart)
-    b, nlat, nlon = 5, 13, 10
-    h, w = grid.local_shape(nlat, nlon)
-    return [
-        (Transpose(az, axes=(0, 2), extents=(b, nlon)), local.standard_normal((b, h, w))),
-        (Transpose(pol, axes=(-1, 1), extents=(w, nlat)), local.standard_normal((b, h, w))),
-        (CopyTo(az), numpy.full((3, 4), 2.0)),
-        (ReduceFrom(pol), local.standard_normal((3, 4)).astype(numpy.float16)),
-        (ScatterTo(az, 1, 7), numpy.arange(21.0).reshape(3, 7)),
-        (GatherFrom(az, -1, 7), chunk(numpy.arange(21.0).reshape(3, 7), -1, p_az, r_az).copy()),
-        (ReduceScatter(pol, 0, 11), local.standard_normal((11, 2)) + 1j),
-        (GatherFromCopyTo(pol, 0, 11), chunk(local.standard_normal((11, 2)), 0, pol.Get_size(), pol.Get_rank()).copy()),
-        (HaloExchange(grid, 2, 2, extents=(nlat, nlon)), local.standard_normal((b, h, w))),
-        (DistributedRealSHT(grid, nlat, nlon), local.standard_normal((2, h, w))),
-        (DistributedInverseRealSHT(grid, nlat, nlon),
-         random_array(local, (2,) + DistributedInverseRealSHT(grid, nlat, nlon).block_shape, numpy.complex128)),
-    ]
-
-
 def test_staged_path_gives_identical_results(grid):
-    for op, x in _operators(grid):
+    for op, x in operators(grid):
         direct = op.forward(x)
         back = op.adjoint(direct)
         with config.override(force_staging=True):
@@ -54,7 +31,7 @@ def test_staged_path_gives_identical_results(grid):
 def test_staged_path_dottests(grid):
     local = rank_rng(grid.cart, seed=11)
     with config.override(force_staging=True):
-        for op, x in _operators(grid):
+        for op, x in operators(grid):
             if "replicated" in (op.domain.kind, op.range.kind) or x.dtype == numpy.float16:
                 continue  # covered bit for bit above; their dot tests need replicated data
             y = op.forward(x)
@@ -74,9 +51,9 @@ def test_staged_all_to_all_with_uneven_and_empty_blocks(comm):
         send[send_displs[q]:send_displs[q] + send_counts[q]] = 100 * r + q
     recv = numpy.zeros(sum(recv_counts))
     ws = Workspace()
-    with config.override(force_staging=True):
-        for _ in range(3):  # the workspace is reused
-            collectives.alltoallv(comm, send, send_counts, send_displs, recv, recv_counts, recv_displs, workspace=ws)
+    for _ in range(3):  # the workspace is reused
+        collectives.alltoallv(comm, send, send_counts, send_displs, recv, recv_counts, recv_displs, staged=True,
+                              workspace=ws)
     for q in range(p):
         numpy.testing.assert_array_equal(recv[recv_displs[q]:recv_displs[q] + recv_counts[q]], 100 * q + r)
 
@@ -113,10 +90,9 @@ def test_foreign_buffers_are_handed_to_mpi(comm, wrap):
     collectives.allreduce(comm, wrap(send), wrap(recv), dtype=numpy.float64, count=6)
     numpy.testing.assert_array_equal(recv, numpy.arange(6.0) * p + p * (p - 1) / 2)
     numpy.testing.assert_array_equal(send, numpy.arange(6.0) + r)  # never written
-    with config.override(force_staging=True):  # foreign objects are never staged: MPI takes them as they are
-        recv[:] = 0
-        collectives.allreduce(comm, wrap(send), wrap(recv), dtype=numpy.float64, count=6)
-        numpy.testing.assert_array_equal(recv, numpy.arange(6.0) * p + p * (p - 1) / 2)
+    recv[:] = 0  # foreign objects are never staged: MPI takes them as they are
+    collectives.allreduce(comm, wrap(send), wrap(recv), dtype=numpy.float64, count=6, staged=True)
+    numpy.testing.assert_array_equal(recv, numpy.arange(6.0) * p + p * (p - 1) / 2)
 
 
 def test_cuda_array_interface_buffers_in_sendrecv_and_alltoallv(comm):
@@ -135,14 +111,24 @@ def test_cuda_array_interface_buffers_in_sendrecv_and_alltoallv(comm):
 
 
 def test_cuda_aware_decision_is_the_same_on_every_rank(comm):
-    aware, source = collectives.cuda_aware(comm)
+    aware, source = cuda_aware.decide(comm)
     assert comm.allgather(aware) == [aware] * comm.Get_size()
-    assert collectives.cuda_aware(comm) == (aware, source)  # made once, then cached
     with config.override(cuda_aware=True):
-        assert collectives.cuda_aware(comm)[0] is True
-        assert "CUDA-aware" in collectives.describe_path(comm)
-        assert config.device_buffer_path == collectives.describe_path(comm)
-    assert collectives.cuda_aware(comm)[0] == aware
+        assert cuda_aware.decide(comm)[0] is True
+        assert "CUDA-aware" in cuda_aware.describe_path(*cuda_aware.decide(comm))
+    assert cuda_aware.decide(comm)[0] == aware
+
+
+def test_detection_is_remembered_and_reset_forgets_it(comm):
+    first = cuda_aware.detect()
+    assert cuda_aware.detect() is first  # looked up once per process
+    cuda_aware.reset()
+    assert cuda_aware.detect() == first and cuda_aware.detect() is not first
+
+
+def test_grid_records_the_agreed_decision(grid):
+    assert grid.cuda_aware == cuda_aware.decide(grid.cart)
+    assert grid.device_buffer_path.startswith("device buffers")
 
 
 def test_node_local_rank(comm):
@@ -153,30 +139,13 @@ def test_node_local_rank(comm):
 
 
 @pytest.mark.mpi(min_size=2)
-def test_describe_path_is_safe_on_one_rank(comm):
-    saved = config._cuda_aware_decision
-    config._cuda_aware_decision = None  # as before any grid exists
-    try:
-        if comm.Get_rank() == 0:
-            assert "not yet agreed" in collectives.describe_path(comm)
-        comm.Barrier()  # would never complete if describe_path were collective
-    finally:
-        config._cuda_aware_decision = saved
-
-
-@pytest.mark.mpi(min_size=2)
-def test_a_one_rank_communicator_does_not_settle_the_decision(comm):
-    from mpi4py import MPI
-    saved = config._cuda_aware_decision
-    config._cuda_aware_decision = None
-    try:
-        collectives.cuda_aware(MPI.COMM_SELF)  # e.g. ProcessGrid(MPI.COMM_SELF) on each rank
-        assert config._cuda_aware_decision is None
-        aware, _ = collectives.cuda_aware(comm)  # the first multi-rank communicator agrees
-        assert config._cuda_aware_decision is not None
-        assert comm.allgather(aware) == [aware] * comm.Get_size()
-    finally:
-        config._cuda_aware_decision = saved
+def test_one_rank_saying_no_makes_every_rank_stage(comm):
+    """The decision is an AND over the ranks: a rank that cannot take device buffers stages for all."""
+    with config.override(cuda_aware=comm.Get_rank() != 0):
+        aware, source = cuda_aware.decide(comm)
+    assert aware is False
+    if comm.Get_rank() != 0:
+        assert source.startswith("another rank found no CUDA support")
 
 
 def test_buffers_whose_size_or_dtype_cannot_be_read(comm):

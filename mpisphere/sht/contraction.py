@@ -1,0 +1,147 @@
+"""The Legendre step of a transform on one rank's orders: matrix products over parity-split tables (no MPI).
+
+Fourier and spectral data are held with the latitude or degree axis first,
+the order axis second and all batch columns (vector components included)
+innermost and contiguous: ``fourier[k, j, :]`` and ``spectral[l, j, :]`` are
+the ``K`` real columns of order ``j`` at latitude ``k`` or degree ``l``
+(complex data as pairs of reals: the tables are real, so one real product
+handles both parts).
+
+``analyze``: ``spectral[l, j] = sum_k T_j[l, k] fourier[k, j]`` (the forward
+contraction of a table ``T``); ``synthesize`` is its transpose,
+``fourier[k, j] = sum_l T_j[l, k] spectral[l, j]``.
+
+Two methods: ``per-order`` (one matrix product per order and parity, each
+on a slice that stays in cache: NumPy's default) and ``batched`` (one
+batched product over zero-padded tables: CuPy's default, one kernel instead
+of hundreds).
+"""
+
+import numpy
+
+from .. import backend
+
+__all__ = ["METHODS", "analyze", "synthesize"]
+
+METHODS = ("auto", "per-order", "batched")
+
+
+def _batched(method, like):
+    return method == "batched" or (method == "auto" and backend.is_device_array(like))
+
+
+def _device_id(a):
+    return a.device.id if backend.is_device_array(a) else None
+
+
+def _scratch(workspace, name, like, shape):
+    count = 1
+    for extent in shape:
+        count *= extent
+    return workspace.scratch(name, like, count).reshape(shape)
+
+
+def analyze(tables, fourier, spectral, workspace, method="auto"):
+    """``spectral = T fourier`` per order; both real views ``(n, m_loc, K)``, spectral with ``tables.degrees`` rows."""
+    t = tables
+    if _batched(method, fourier):
+        sym, anti = _parity_split(t, fourier, workspace)
+        _analyze_batched(t, sym, anti, spectral)
+        return
+    n_north, n_half = t.n_north, t.n_half
+    rows, columns = fourier.shape[0], fourier.shape[2]
+    # per order: the parity split of one (nlat, K) slice, small enough to stay in cache
+    sym = _scratch(workspace, "sym", fourier, (n_half, columns))
+    anti = _scratch(workspace, "anti", fourier, (n_north, columns))
+    for j, start in enumerate(t.starts):
+        spectral[:min(start, t.degrees), j] = 0
+        even, odd = t.even[j], t.odd[j]
+        if not even.shape[0]:
+            continue
+        column = fourier[:, j]
+        north, south = column[:n_north], column[rows - n_north:][::-1]
+        numpy.add(north, south, out=sym[:n_north])
+        if n_half > n_north:
+            sym[n_north] = column[n_north]
+        numpy.matmul(even, sym, out=spectral[start::2, j][:even.shape[0]])
+        if odd.shape[0]:
+            numpy.subtract(north, south, out=anti)
+            numpy.matmul(odd, anti, out=spectral[start + 1::2, j][:odd.shape[0]])
+
+
+def _parity_split(t, fourier, workspace):
+    n_north, n_half = t.n_north, t.n_half
+    rows = fourier.shape[0]
+    sym = _scratch(workspace, "sym", fourier, (n_half,) + fourier.shape[1:])
+    anti = _scratch(workspace, "anti", fourier, (n_north,) + fourier.shape[1:])
+    south = fourier[rows - n_north:][::-1]
+    numpy.add(fourier[:n_north], south, out=sym[:n_north])
+    if n_half > n_north:
+        sym[n_north] = fourier[n_north]
+    numpy.subtract(fourier[:n_north], south, out=anti)
+    return sym, anti
+
+
+def _analyze_batched(t, sym, anti, spectral):
+    xp = backend.array_module(spectral)
+    even, odd, (l_e, j_e, i_e), (l_o, j_o, i_o) = t.padded(xp, _device_id(spectral))
+    spectral[...] = 0
+    if even.shape[1]:
+        spectral[l_e, j_e] = xp.matmul(even, sym.transpose(1, 0, 2))[j_e, i_e]
+    if odd.shape[1]:
+        spectral[l_o, j_o] = xp.matmul(odd, anti.transpose(1, 0, 2))[j_o, i_o]
+
+
+def synthesize(tables, spectral, fourier, workspace, method="auto"):
+    """``fourier = T^T spectral`` per order (the transpose of :func:`analyze`)."""
+    t = tables
+    n_north, n_half = t.n_north, t.n_half
+    rows = fourier.shape[0]
+    if _batched(method, spectral):
+        even_part = _scratch(workspace, "sym", fourier, (n_half,) + fourier.shape[1:])
+        odd_part = _scratch(workspace, "anti", fourier, (n_north,) + fourier.shape[1:])
+        _synthesize_batched(t, spectral, even_part, odd_part)
+        numpy.add(even_part[:n_north], odd_part, out=fourier[:n_north])
+        numpy.subtract(even_part[:n_north], odd_part, out=fourier[rows - n_north:][::-1])
+        if n_half > n_north:
+            fourier[n_north] = even_part[n_north]
+        return
+    # per order: both parity parts of one (nlat, K) slice stay in cache until combined
+    columns = fourier.shape[2]
+    even_part = _scratch(workspace, "sym", fourier, (n_half, columns))
+    odd_part = _scratch(workspace, "anti", fourier, (n_north, columns))
+    for j, start in enumerate(t.starts):
+        even, odd = t.even[j], t.odd[j]
+        column = fourier[:, j]
+        if not even.shape[0]:
+            column[...] = 0
+            continue
+        numpy.matmul(even.T, spectral[start::2, j][:even.shape[0]], out=even_part)
+        north, south = column[:n_north], column[rows - n_north:][::-1]
+        if odd.shape[0]:
+            numpy.matmul(odd.T, spectral[start + 1::2, j][:odd.shape[0]], out=odd_part)
+            numpy.add(even_part[:n_north], odd_part, out=north)
+            numpy.subtract(even_part[:n_north], odd_part, out=south)
+        else:
+            north[...] = even_part[:n_north]
+            south[...] = even_part[:n_north]
+        if n_half > n_north:
+            column[n_north] = even_part[n_north]
+
+
+def _synthesize_batched(t, spectral, even_part, odd_part):
+    xp = backend.array_module(spectral)
+    even, odd, (l_e, j_e, i_e), (l_o, j_o, i_o) = t.padded(xp, _device_id(spectral))
+    count, columns = spectral.shape[1], spectral.shape[2]
+    if even.shape[1]:
+        gathered = xp.zeros((count, even.shape[1], columns), spectral.dtype)
+        gathered[j_e, i_e] = spectral[l_e, j_e]
+        even_part[...] = xp.matmul(even.transpose(0, 2, 1), gathered).transpose(1, 0, 2)
+    else:
+        even_part[...] = 0
+    if odd.shape[1]:
+        gathered = xp.zeros((count, odd.shape[1], columns), spectral.dtype)
+        gathered[j_o, i_o] = spectral[l_o, j_o]
+        odd_part[...] = xp.matmul(odd.transpose(0, 2, 1), gathered).transpose(1, 0, 2)
+    else:
+        odd_part[...] = 0

@@ -1,0 +1,375 @@
+"""The stages a transform is made of, and the pipeline that runs them.
+
+A transform is a list of stages, each a :class:`~mpisphere.LinearOperator`
+with its own forward and adjoint; the adjoint of the transform is the
+reversed list of adjoints. The stages that move data are
+:class:`~mpisphere.Transpose` operators (a one-rank communicator is a local
+copy, or nothing at all when the layouts agree); the local ones are here:
+
+:class:`FourierStage`
+    the real FFT along longitudes (analysis: ``rfft / nlon``; synthesis:
+    the unnormalised ``irfft``), with exact adjoints.
+:class:`Truncation`
+    keep the first ``mmax`` orders of a spectrum (a view), adjoint: pad with
+    zeros.
+:class:`LegendreStage`
+    the contraction with a rank's parity-split Legendre tables
+    (:mod:`mpisphere.sht.contraction`); synthesis is its adjoint.
+
+:class:`Pipeline` runs a list of stages on one rank's data, keeping every
+intermediate in a buffer it owns and reuses, in the memory layout the next
+stage wants (``physical`` orders: the Legendre step wants latitudes or
+degrees first and the batch innermost). The stages of a pipeline are run
+without their own checks and agreement: the transform that owns the pipeline
+checked and agreed once for all of them.
+"""
+
+import math
+
+import numpy
+
+from .. import backend
+from ..operators import ADJOINT, FORWARD, AdjointOperator, InputError, LinearOperator
+from . import contraction
+
+__all__ = ["FourierStage", "Truncation", "LegendreStage", "Pipeline"]
+
+# numpy.fft functions take out= from NumPy 2.0; with it the FFTs write into reused buffers
+_FFT_TAKES_OUT = int(numpy.__version__.split(".")[0]) >= 2
+
+
+def _numpy_out(x, out):
+    return _FFT_TAKES_OUT and isinstance(x, numpy.ndarray) and isinstance(out, numpy.ndarray)
+
+
+class _LocalStage(LinearOperator):
+    """A stage that does not communicate: domain and range are the transform's layouts."""
+
+    def __init__(self, layout):
+        self.domain = self.range = layout
+
+
+class FourierStage(_LocalStage):
+    """The real FFT along the last axis, as one stage of a transform.
+
+    Parameters
+    ----------
+    nlon : int
+        Longitudes.
+    dtype : float32 or float64
+        Of the real side.
+    synthesis : bool
+        ``False`` (analysis): ``forward`` maps ``(..., nlon)`` real to the
+        ``(..., nlon // 2 + 1)`` complex spectrum ``X = rfft(x) / nlon``.
+        ``True`` (synthesis): ``forward`` maps a spectrum to the real field
+        ``x = irfft(X)`` unnormalised (a coefficient at ``0 < m < nlon / 2``
+        stands for ``X e^{i m phi}`` plus its conjugate).
+    layout : Layout
+
+    Notes
+    -----
+    The adjoints in the real inner product: of the analysis,
+    ``x = irfft(Y / c) `` with ``c_m = 2`` for the orders a real signal holds
+    twice and 1 for ``m = 0`` and ``m = nlon / 2``; of the synthesis,
+    ``Y = c rfft(x)`` unnormalised.
+    """
+
+    def __init__(self, nlon, dtype, synthesis, layout):
+        super().__init__(layout)
+        self.nlon = nlon
+        self.half = nlon // 2 + 1
+        self.real = numpy.dtype(dtype)
+        self.complex = numpy.result_type(self.real, numpy.complex64)
+        self.synthesis = synthesis
+        self._multiplicity = {}
+        self._workspace = backend.Workspace()
+
+    def _describe(self):
+        return f"FourierStage(nlon={self.nlon}, {'synthesis' if self.synthesis else 'analysis'})"
+
+    def _takes_real(self, direction):
+        return (direction == FORWARD) != self.synthesis
+
+    def _output(self, direction, spec):
+        real_in = self._takes_real(direction)
+        want = (self.real, self.nlon) if real_in else (self.complex, self.half)
+        if spec.dtype != want[0] or not spec.shape or spec.shape[-1] != want[1]:
+            raise InputError(f"expected (..., {want[1]}) {want[0].name}, got {spec.shape} {spec.dtype.name}")
+        other = (self.complex, self.half) if real_in else (self.real, self.nlon)
+        return spec.but(shape=spec.shape[:-1] + (other[1],), dtype=other[0]), spec.describe()
+
+    def _shapes(self, lead):
+        real, spectrum = lead + (self.nlon,), lead + (self.half,)
+        return (spectrum, real) if self.synthesis else (real, spectrum)
+
+    def multiplicity(self, like):
+        key = (backend.is_device_array(like), getattr(getattr(like, "device", None), "id", None))
+        if key not in self._multiplicity:
+            c = numpy.full(self.half, 2.0)
+            c[0] = 1.0
+            if self.nlon % 2 == 0:
+                c[-1] = 1.0
+            with backend.device_of(like):
+                self._multiplicity[key] = backend.array_module(like).asarray(c.astype(self.real))
+        return self._multiplicity[key]
+
+    def _rfft(self, x, norm, out):
+        if _numpy_out(x, out):
+            numpy.fft.rfft(x, axis=-1, norm=norm, out=out)
+        else:
+            out[...] = backend.array_module(x).fft.rfft(x, axis=-1, norm=norm)
+
+    def _irfft(self, spectrum, norm, out):
+        if _numpy_out(spectrum, out) and out.dtype == self.real:
+            numpy.fft.irfft(spectrum, n=self.nlon, axis=-1, norm=norm, out=out)
+        else:
+            out[...] = backend.array_module(spectrum).fft.irfft(spectrum, n=self.nlon, axis=-1, norm=norm)
+
+    def _run(self, direction, x, out, context):
+        if self._takes_real(direction):
+            if self.synthesis:  # adjoint of the synthesis: c rfft(x), unnormalised
+                self._rfft(x, "backward", out)
+                out *= self.multiplicity(out)
+            else:  # analysis: rfft(x) / nlon
+                self._rfft(x, "forward", out)
+            return
+        if self.synthesis:  # synthesis: irfft unnormalised
+            self._irfft(x, "forward", out)
+            return
+        # adjoint of the analysis: irfft(Y / c) / nlon
+        scratch = self._workspace.scratch("divided", x, x.size).reshape(x.shape)
+        scratch[...] = x
+        self._run_consuming(direction, scratch, out, context)
+
+    def _run_consuming(self, direction, x, out, context, nonzero=None):
+        """:meth:`_run` allowed to overwrite ``x`` (a pipeline's own buffer), whose orders from ``nonzero`` on are 0.
+
+        Only the adjoint of the analysis gains: it divides by ``c_m`` in place
+        instead of in a copy.
+        """
+        if self.synthesis or self._takes_real(direction):
+            self._run(direction, x, out, context)
+            return
+        nonzero = self.half if nonzero is None else nonzero
+        x[..., 1:nonzero] /= self.multiplicity(x)[1:nonzero]
+        self._irfft(x, "backward", out)
+
+
+class Truncation(_LocalStage):
+    """Keep the first ``mmax`` of ``half`` orders: ``forward`` a restriction, ``adjoint`` zero padding.
+
+    In a pipeline the restriction is a view and the padding writes the
+    previous stage's output straight into the padded buffer: no copy.
+    """
+
+    def __init__(self, mmax, half, layout):
+        super().__init__(layout)
+        self.mmax, self.half = mmax, half
+
+    def _describe(self):
+        return f"Truncation({self.half} -> {self.mmax})"
+
+    def _output(self, direction, spec):
+        n_in, n_out = (self.half, self.mmax) if direction == FORWARD else (self.mmax, self.half)
+        if not spec.shape or spec.shape[-1] != n_in:
+            raise InputError(f"expected {n_in} orders in the last axis, got shape {spec.shape}")
+        return spec.but(shape=spec.shape[:-1] + (n_out,)), spec.describe()
+
+    def _shapes(self, lead):
+        return lead + (self.half,), lead + (self.mmax,)
+
+    def _run(self, direction, x, out, context):
+        if direction == FORWARD:
+            out[...] = x[..., :self.mmax]
+        else:
+            out[..., :self.mmax] = x
+            out[..., self.mmax:] = 0
+
+    def view(self, x):
+        """The forward result as a view of ``x``."""
+        return x[..., :self.mmax]
+
+    def embed(self, padded):
+        """Zero the padding of ``padded``; returns the view the adjoint's input must be written into."""
+        padded[..., self.mmax:] = 0
+        return padded[..., :self.mmax]
+
+
+# the Legendre step's layout: logical (B, C, n, m) held as physical (n, m, C, B)
+BATCH_INNERMOST = (2, 3, 1, 0)
+
+
+class LegendreStage(_LocalStage):
+    """The Legendre contraction of a rank's orders as a stage.
+
+    ``forward``: ``(B, C, nlat, m_loc)`` complex -> ``(B, C, L, m_loc)``,
+    ``c[l] = sum_k T[l, k] X[k]`` per order; ``adjoint`` its transpose. Both
+    sides are fastest held as ``(n, m_loc, C, B)`` in memory (the batch and
+    component columns of one order contiguous); other layouts are copied in.
+
+    Parameters
+    ----------
+    tables : LegendreTables
+    nlat : int
+    dtype : complex64 or complex128
+    method : {"auto", "per-order", "batched"}
+    layout : Layout
+    """
+
+    def __init__(self, tables, nlat, dtype, method, layout):
+        super().__init__(layout)
+        self.tables = tables
+        self.nlat = nlat
+        self.dtype = numpy.dtype(dtype)
+        self.method = method
+        self._workspace = backend.Workspace()
+
+    def _describe(self):
+        return f"LegendreStage({self.nlat} -> {self.tables.degrees}, orders {len(self.tables.orders)})"
+
+    def _output(self, direction, spec):
+        n_in, n_out = (self.nlat, self.tables.degrees) if direction == FORWARD else (self.tables.degrees, self.nlat)
+        count = len(self.tables.orders)
+        if len(spec.shape) != 4 or spec.shape[2:] != (n_in, count) or spec.dtype != self.dtype:
+            raise InputError(f"expected (B, C, {n_in}, {count}) {self.dtype.name}, got {spec.shape} {spec.dtype.name}")
+        return spec.but(shape=spec.shape[:2] + (n_out, count)), spec.describe()
+
+    def _shapes(self, lead):
+        count = len(self.tables.orders)
+        return lead + (self.nlat, count), lead + (self.tables.degrees, count)
+
+    def _physical(self, a, name, copy_in):
+        """``a`` as a real ``(n, m, 2 C B)`` array in the batch-innermost layout, and the scratch used (or None)."""
+        phys = a.transpose(BATCH_INNERMOST)
+        scratch = None
+        if not phys.flags.c_contiguous:
+            scratch = self._workspace.scratch(name, a, a.size).reshape(phys.shape)
+            if copy_in:
+                backend.copy_into(scratch, phys)
+            phys = scratch
+        return phys.reshape(phys.shape[0], phys.shape[1], -1).view(phys.real.dtype), scratch
+
+    def _run(self, direction, x, out, context):
+        source, _ = self._physical(x, "in", copy_in=True)
+        target, scratch = self._physical(out, "out", copy_in=False)
+        if direction == FORWARD:
+            contraction.analyze(self.tables, source, target, self._workspace, self.method)
+        else:
+            contraction.synthesize(self.tables, source, target, self._workspace, self.method)
+        if scratch is not None:
+            backend.copy_into(out.transpose(BATCH_INNERMOST), scratch)
+
+
+class Pipeline:
+    """Run stages in order with reused intermediate buffers; the adjoint runs their adjoints in reverse.
+
+    Parameters
+    ----------
+    stages : list of LinearOperator
+        In forward order; each must implement ``_output`` and ``_run``.
+    spec : Spec
+        The forward input (one batch size: a pipeline is built per batch).
+    physical : dict, optional
+        ``{boundary: order}``: the memory layout of the intermediate after
+        stage ``boundary - 1`` (``order`` as in ``numpy.transpose``: the
+        logical axes in memory order). Default: C order.
+
+    Notes
+    -----
+    A stage whose map is the identity (a one-rank :class:`~mpisphere.Transpose`)
+    is skipped when its input already has the layout its output needs; a
+    :class:`Truncation` is a view forward and writes the previous stage's
+    output into its padded buffer in the adjoint. Buffers are kept in a
+    :class:`~mpisphere.backend.Workspace`, one per intermediate.
+    """
+
+    def __init__(self, stages, spec, physical=None):
+        self.stages = list(stages)
+        self.physical = dict(physical or {})
+        self.specs = [spec]
+        for stage in self.stages:
+            self.specs.append(stage._output(FORWARD, self.specs[-1])[0])
+        self._workspace = backend.Workspace()
+
+    def _order(self, boundary):
+        return self.physical.get(boundary, tuple(range(len(self.specs[boundary].shape))))
+
+    def _buffer(self, boundary, like):
+        spec = self.specs[boundary]
+        order = self._order(boundary)
+        flat = self._workspace.scratch(f"b{boundary}", like, math.prod(spec.shape), spec.dtype)
+        buf = flat.reshape(tuple(spec.shape[i] for i in order))
+        return buf.transpose(numpy.argsort(order))
+
+    def nbytes(self):
+        """Bytes of the intermediate buffers held now."""
+        return self._workspace.nbytes()
+
+    @staticmethod
+    def _truncation(stage, direction):
+        """``(truncation, "restrict" | "pad")`` when ``stage`` run in ``direction`` is a truncation or its adjoint."""
+        flipped = isinstance(stage, AdjointOperator)
+        inner = stage.op if flipped else stage
+        if not isinstance(inner, Truncation):
+            return None, None
+        return inner, "restrict" if (direction == FORWARD) != flipped else "pad"
+
+    def _actions(self, direction):
+        """``[(stage index, action)]`` in running order: ``run``, ``view`` (a restriction) or ``skip`` (identity)."""
+        n = len(self.stages)
+        steps = range(n) if direction == FORWARD else range(n - 1, -1, -1)
+        actions = []
+        for k in steps:
+            stage = self.stages[k]
+            src, dst = (k, k + 1) if direction == FORWARD else (k + 1, k)
+            if self._truncation(stage, direction)[1] == "restrict":
+                actions.append((k, "view"))
+            elif getattr(stage, "is_identity", False) and self._order(src) == self._order(dst):
+                actions.append((k, "skip"))
+            else:
+                actions.append((k, "run"))
+        return actions
+
+    def run(self, direction, x, out, context):
+        """Apply the pipeline (``FORWARD``) or its adjoint (``ADJOINT``) to ``x``, writing ``out``."""
+        actions = self._actions(direction)
+        runs = [i for i, (_, action) in enumerate(actions) if action == "run"]
+        # the last stage that does work writes into out when only skipped stages follow it
+        into_out = runs[-1] if runs and all(a == "skip" for _, a in actions[runs[-1] + 1:]) else None
+        current = x
+        nonzero = None  # orders from here on are zero (after a zero padding)
+        i = 0
+        while i < len(actions):
+            k, action = actions[i]
+            stage = self.stages[k]
+            if action == "view":
+                current = self._truncation(stage, direction)[0].view(current)
+            elif action == "run":
+                # the next stage that does anything pads (a Truncation's adjoint): write into its padded buffer
+                j = i + 1
+                while j < len(actions) and actions[j][1] == "skip":
+                    j += 1
+                following, role = self._truncation(self.stages[actions[j][0]], direction) if j < len(actions) \
+                    else (None, None)
+                if role == "pad":
+                    dst = actions[j][0] + 1 if direction == FORWARD else actions[j][0]
+                    padded = out if j == into_out else self._buffer(dst, current)
+                    stage._run(direction, current, following.embed(padded), context)
+                    current = padded
+                    i = j
+                    nonzero = following.mmax
+                elif current is not x and hasattr(stage, "_run_consuming"):
+                    # the input is this pipeline's own buffer: the stage may overwrite it
+                    dst = k + 1 if direction == FORWARD else k
+                    target = out if i == into_out else self._buffer(dst, current)
+                    stage._run_consuming(direction, current, target, context, nonzero)
+                    current = target
+                else:
+                    dst = k + 1 if direction == FORWARD else k
+                    target = out if i == into_out else self._buffer(dst, current)
+                    stage._run(direction, current, target, context)
+                    current = target
+            i += 1
+        if current is not out:
+            backend.copy_into(out, current)
+        return out
