@@ -59,13 +59,10 @@ __all__ = ["HaloExchange", "HaloReduce", "latitude_support_band", "polar_halo_ra
 
 # message tags of the data, one per direction of travel
 _TO_NORTH, _TO_SOUTH, _TO_WEST, _TO_EAST = 11, 12, 13, 14
-# the eight neighbours: (polar step, azimuth step); metadata travels with tag _META + direction index
+# the eight neighbours: (polar step, azimuth step); records travel with tag _META, details with _META + 1
 _DIRECTIONS = ((-1, 0), (1, 0), (0, -1), (0, 1), (-1, -1), (-1, 1), (1, -1), (1, 1))
 _NAMES = ("north", "south", "west", "east", "north-west", "north-east", "south-west", "south-east")
-_OPPOSITE = (1, 0, 3, 2, 7, 6, 5, 4)
 _META = 100
-# pairs of directions (a, b) whose data reaches this rank's corners: neighbour a exchanges with b's rank
-_CORNER_CHAINS = ((0, 4, 2), (0, 5, 3), (1, 6, 2), (1, 7, 3))  # (polar neighbour, diagonal, its azimuth step)
 _GATHER = {FORWARD: True, ADJOINT: False, "update": True, "accumulate": False}
 
 
@@ -343,11 +340,13 @@ class HaloExchange(LinearOperator):
                 raise error.kind(f"{who}: rank {self.grid.rank} of {self.grid.size}: {error.text}")
             return set(neighbours), None
         cart = self.grid.cart
-        records = {d: numpy.empty(4, numpy.int64) for d in neighbours}
-        requests = [cart.Irecv([records[d], MPI.INT64_T], source=rank, tag=_META + _OPPOSITE[d])
-                    for d, rank in neighbours.items()]
-        requests += [cart.Isend([mine, MPI.INT64_T], dest=rank, tag=_META + d) for d, rank in neighbours.items()]
+        # one record per distinct neighbour (on small grids one rank is the neighbour in several directions)
+        distinct = sorted(set(neighbours.values()))
+        received = {rank: numpy.empty(4, numpy.int64) for rank in distinct}
+        requests = [cart.Irecv([received[rank], MPI.INT64_T], source=rank, tag=_META) for rank in distinct]
+        requests += [cart.Isend([mine, MPI.INT64_T], dest=rank, tag=_META) for rank in distinct]
         MPI.Request.Waitall(requests)
+        records = {d: received[rank] for d, rank in neighbours.items()}
         fits = {d: self._fit(mine, records[d], d) for d in neighbours}
         problems = [] if error is None else [f"this rank: {error.text}"]
         for d in neighbours:
@@ -355,12 +354,19 @@ class HaloExchange(LinearOperator):
                 problems.append(f"{_NAMES[d]} neighbour rank {neighbours[d]} has an input it cannot use")
             elif fits[d] is not None:
                 problems.append(f"{_NAMES[d]} neighbour rank {neighbours[d]}: {fits[d]}")
-        for polar, diagonal, step in _CORNER_CHAINS:  # the corners arrive through the polar neighbour
-            if polar in records and diagonal in records and not records[polar][0] and not records[diagonal][0]:
-                chain = self._fit(records[polar], records[diagonal], step)
-                if chain is not None:
-                    problems.append(f"the {_NAMES[diagonal]} corner comes from rank {neighbours[diagonal]} through "
-                                    f"rank {neighbours[polar]}, whose tiles do not fit: {chain}")
+        # the neighbours among themselves: data reaches this rank's corners through them, and tiles
+        # that do not fit together anywhere in the block mean the field is not one field
+        at = {(0, 0): (mine, "this rank")}
+        at.update({_DIRECTIONS[d]: (records[d], f"rank {neighbours[d]}") for d in neighbours})
+        positions = sorted(at)
+        for i, u in enumerate(positions):
+            for v in positions[i + 1:]:
+                step = (v[0] - u[0], v[1] - u[1])
+                if (0, 0) in (u, v) or max(abs(step[0]), abs(step[1])) > 1 or at[u][0][0] or at[v][0][0]:
+                    continue
+                found = self._fit(at[u][0], at[v][0], _DIRECTIONS.index(step))
+                if found is not None:
+                    problems.append(f"{at[u][1]} and {at[v][1]}, neighbours of this rank: {found}")
         pairs = {d for d in neighbours if fits[d] is None and not records[d][0] and error is None}
         if not problems:
             return pairs, None
@@ -398,12 +404,14 @@ class HaloExchange(LinearOperator):
             return ""
         cart = self.grid.cart
         mine = (None if error is None else error.text, description)
-        sends = [cart.isend(mine, dest=rank, tag=_META + 8 + d) for d, rank in partners.items()]
-        theirs = {d: cart.recv(source=rank, tag=_META + 8 + _OPPOSITE[d]) for d, rank in partners.items()}
+        ranks = sorted(set(partners.values()))
+        sends = [cart.isend(mine, dest=rank, tag=_META + 1) for rank in ranks]
+        theirs = {rank: cart.recv(source=rank, tag=_META + 1) for rank in ranks}
         MPI.Request.Waitall(sends)
         lines = [f"this rank: {description}"]
-        for d, (text, their_description) in theirs.items():
-            lines.append(f"rank {partners[d]} ({_NAMES[d]}): " + (text if text else their_description))
+        for rank, (text, their_description) in theirs.items():
+            where = "/".join(_NAMES[d] for d, r in partners.items() if r == rank)
+            lines.append(f"rank {rank} ({where}): " + (text if text else their_description))
         return " [" + " | ".join(lines) + "]"
 
     # --- the two phases -------------------------------------------------------------------

@@ -37,14 +37,14 @@ class Bench:
         if xp is not numpy:
             self.sync = lambda: xp.cuda.get_current_stream().synchronize()
 
-    def time(self, fn, comm=None):
-        return measure(comm or self.grid.cart, fn, self.repeats, self.warmup, self.sync)
+    def time(self, fn, comm=None, repeats=None):
+        return measure(comm or self.grid.cart, fn, repeats or self.repeats, self.warmup, self.sync)
 
-    def add(self, name, direction, fn, raw_name, raw_fn, nbytes, comm=None):
-        op = self.time(fn, comm)
+    def add(self, name, direction, fn, raw_name, raw_fn, nbytes, comm=None, repeats=None):
+        op = self.time(fn, comm, repeats)
         with mpisphere.config.override(agreement=False):  # the same call without the agreement step
-            unagreed = self.time(fn, comm)
-        raw = self.time(raw_fn, comm)
+            unagreed = self.time(fn, comm, repeats)
+        raw = self.time(raw_fn, comm, repeats)
         src = self.xp.ones(max(nbytes // 8, 1))
         dst = self.xp.empty_like(src)
         copy = self.time(lambda: dst.__setitem__(Ellipsis, src), comm)
@@ -195,7 +195,32 @@ def bench_grid(grid, args, xp):
           halo_bytes)
     b.add(f"HaloExchange({rows},{cols})", "adjoint", lambda: halo.adjoint(padded), "4 x Sendrecv", halo_raw,
           halo_bytes)
+    bench_agreement(b, grid, xp, dtype, args)
     return b.rows
+
+
+def bench_agreement(b, grid, xp, dtype, args):
+    """The agreement step's own cost, where it shows: calls on tiny arrays, with it and without it.
+
+    The reference is the agreement's own collective on the same communicator
+    (an Allreduce of six integers), measured in the same run.
+    """
+    reps = max(args.repeats * 20, 200)
+    six = numpy.zeros(6, numpy.int64)
+    for label, comm in (("cart", grid.cart), ("azimuth", grid.azimuth)):
+        if comm.Get_size() == 1:
+            continue
+        tiny = xp.ones(4, dtype)
+        rf = ReduceFrom(comm)
+        raw = lambda: comm.Allreduce(MPI.IN_PLACE, [six, MPI.INT64_T], MPI.MAX)  # noqa: E731
+        b.add(f"ReduceFrom({label}) of 4 numbers", "forward", lambda: rf.forward(tiny), "Allreduce 6 ints", raw,
+              tiny.nbytes, comm, repeats=reps)
+    h, w = grid.local_shape(args.nlat, args.nlon)
+    halo = HaloExchange(grid, 1, 1)
+    small = xp.ones((1, h + 2, w + 2), dtype)
+    raw = raw_halo(grid, 1, h, w, 1, 1, dtype)
+    b.add("HaloExchange(1,1), 1 field", "update", lambda: halo.update(small), "4 x Sendrecv", raw,
+          small.nbytes, repeats=reps)
 
 
 def main(argv=None):

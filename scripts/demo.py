@@ -1,7 +1,7 @@
 """mpisphere demo: a distributed spherical harmonic transform on a 2-D grid of ranks.
 
-    mpiexec -n 4 python scripts/demo.py                # NumPy, 2 x 2 grid, 361 x 720 (0.5 degree)
-    mpiexec -n 4 python scripts/demo.py --device gpu   # CuPy, one GPU per rank (shared if fewer)
+    mpiexec -n 4 python -m mpi4py scripts/demo.py                # NumPy, 2 x 2 grid, 361 x 720 (0.5 degree)
+    mpiexec -n 4 python -m mpi4py scripts/demo.py --device gpu   # CuPy, one GPU per rank (shared if fewer)
 
 Builds a field from a few spherical harmonics (closed forms, independent of
 mpisphere's Legendre code) plus a zonal jet, scatters it over the grid, and

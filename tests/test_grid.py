@@ -179,3 +179,114 @@ def test_gather_of_a_missing_tile_fails_on_every_rank(grid):
     tile = numpy.zeros(3) if grid.rank == 1 else numpy.zeros((h, w))
     with pytest.raises(ValueError, match=r"ProcessGrid.gather: ranks \[1\] passed no array with at least 2 axes"):
         grid.gather(tile)
+
+
+# --- issue 11: agreement, launching, threads, lifetime, messages -------------------------------------
+
+def test_a_second_thread_uses_its_own_grid(grid, rng):
+    """grid.dup(): a grid on duplicated communicators, usable from another thread at the same time."""
+    import threading
+    from mpisphere import GatherFrom
+    twin = grid.dup()
+    assert (twin.npolar, twin.nazimuth, twin.rank) == (grid.npolar, grid.nazimuth, grid.rank)
+    nlat = 7 * grid.size
+    field = rng.standard_normal((3, nlat))
+    h = split_sizes(nlat, grid.size)[grid.rank]
+    start = sum(split_sizes(nlat, grid.size)[:grid.rank])
+    x = field[:, start:start + h]
+    results = {}
+
+    def other():
+        results["twin"] = GatherFrom(twin.cart, -1, nlat).forward(x)
+
+    thread = threading.Thread(target=other, name="other")
+    thread.start()
+    results["main"] = GatherFrom(grid.cart, -1, nlat).forward(x)
+    thread.join(60)
+    numpy.testing.assert_array_equal(results["main"], field)
+    numpy.testing.assert_array_equal(results["twin"], field)
+    twin.free()
+
+
+def test_a_grid_dropped_without_free_warns(comm):
+    import gc
+    import warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ProcessGrid(comm)  # never freed
+        gc.collect()
+    assert any(issubclass(w.category, ResourceWarning) and "was never freed: call grid.free()" in str(w.message)
+               for w in caught)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with ProcessGrid(comm):
+            pass
+        gc.collect()
+    assert not [w for w in caught if issubclass(w.category, ResourceWarning)]
+
+
+def test_operators_on_a_freed_grid_raise(comm):
+    from mpisphere import DistributedRealSHT, GatherFrom, HaloExchange
+    g = ProcessGrid(comm)
+    ops = [GatherFrom(g.cart, 0, g.size), HaloExchange(g, 1, 1)]
+    g.free()
+    for op in ops:
+        with pytest.raises(RuntimeError, match="freed"):
+            op.forward(numpy.zeros((g.size, 3)))
+    with pytest.raises(RuntimeError, match=r"DistributedRealSHT: the grid was freed \(grid.free\(\)\)"):
+        DistributedRealSHT(g, 9, 16)
+    with pytest.raises(RuntimeError, match=r"ProcessGrid: used after free\(\)"):
+        g.scatter(None)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_polar_fastest_rank_order(comm):
+    """A model numbering its ranks latitude-fastest: rank r of comm holds polar index r % npolar."""
+    size = comm.Get_size()
+    npolar = 2 if size % 2 == 0 else size
+    with ProcessGrid(comm, npolar=npolar, order="polar-fastest") as g:
+        r = comm.Get_rank()
+        assert (g.polar_rank, g.azimuth_rank) == (r % npolar, r // npolar)
+        assert g.comm_rank == r and g.rank == g.polar_rank * g.nazimuth + g.azimuth_rank
+        nlat, nlon = 9, 12
+        lat, lon = g.local_slices(nlat, nlon)
+        g.check_tile(nlat, nlon, lat, (lon.start, lon.stop))
+        field = numpy.arange(nlat * nlon, dtype=float).reshape(nlat, nlon)
+        back = g.gather(g.scatter(field if g.rank == 0 else None))
+        if g.rank == 0:
+            numpy.testing.assert_array_equal(back, field)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_check_tile_finds_a_model_numbered_the_other_way(comm):
+    size = comm.Get_size()
+    npolar = 2 if size % 2 == 0 else size
+    if npolar == size:
+        pytest.skip("needs a grid with both axes split")
+    nlat, nlon = 9, 12
+    with ProcessGrid(comm, npolar=npolar, order="polar-fastest") as model, ProcessGrid(comm, npolar=npolar) as g:
+        lat, lon = model.local_slices(nlat, nlon)  # the model's tile, by its own numbering
+        with pytest.raises(ValueError, match=r"ProcessGrid.check_tile: the model's tiles of the 9 x 12 field differ "
+                                             r"from mpisphere's on \d+ of \d+ ranks: rank \d+ holds latitudes .*"
+                                             r"build the grid with order='polar-fastest'"):
+            g.check_tile(nlat, nlon, lat, lon)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_scatter_of_an_unsupported_dtype_fails_the_same_on_every_rank(grid):
+    bfloat16_like = numpy.zeros((4, 6), dtype=numpy.dtype((numpy.void, 2)))
+    with pytest.raises(TypeError, match=r"^ProcessGrid.scatter: root 0's field: unsupported dtype void16"):
+        grid.scatter(bfloat16_like if grid.rank == 0 else None)
+    with pytest.raises(ValueError, match=r"^ProcessGrid.scatter: root 0 must pass an array with at least 2 axes"):
+        grid.scatter(numpy.zeros(3) if grid.rank == 0 else None)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_gather_names_the_tiles_that_do_not_fit(grid):
+    if grid.nazimuth < 2:
+        pytest.skip("needs two azimuth ranks")
+    h, w = grid.local_shape(7, 10)
+    tile = numpy.zeros((h, w + (2 if grid.rank == 1 else 0)))  # rank 1's tile is two columns too wide
+    with pytest.raises(ValueError, match=r"ProcessGrid.gather: the tiles do not fit together as one field: .*"
+                                         r"\(tiles: rank 0: \(\d+, \d+\), rank 1: \(\d+, \d+\)"):
+        grid.gather(tile)

@@ -259,3 +259,44 @@ def test_halo_reduce_is_the_adjoint_as_an_operator(grid):
     numpy.testing.assert_array_equal(reduce.adjoint(x), exchange.forward(x))
     assert reduce.H is reduce.op and isinstance(reduce.op, HaloExchange)
     assert dottest(reduce, y, x, rtol=1e-13) <= 1e-13
+
+
+def test_halo_reduce_messages_name_halo_reduce(grid):
+    h, w = grid.local_shape(NLAT, NLON)
+    reduce = HaloReduce(grid, 1, 1, extents=(NLAT, NLON))
+    with pytest.raises(ValueError, match=r"^HaloReduce.forward: rank \d+ of \d+.*expected a padded tile of"):
+        reduce.forward(numpy.zeros((h, w)))
+    with pytest.raises(ValueError, match=r"^HaloReduce: a halo of \d+ rows is wider than the smallest polar tile") \
+            if grid.npolar > 1 else pytest.raises(ValueError, match=r"^HaloReduce: a halo of \d+ columns"):
+        HaloReduce(grid, NLAT + 1, NLON + 1, extents=(NLAT, NLON))
+
+
+def test_messages_that_teach(grid):
+    with pytest.raises(TypeError, match=r"HaloExchange: grid must be a ProcessGrid, got GridComm \(a communicator; "
+                                        r"pass the ProcessGrid it belongs to\)"):
+        HaloExchange(grid.cart, 1)
+    with pytest.raises(TypeError, match=r"HaloExchange: extents\[0\] \(nlat\) must be an integer, got 13.0"):
+        HaloExchange(grid, 1, extents=(13.0, 10))
+    with pytest.raises(TypeError, match=r"HaloExchange: extents must be a pair \(nlat, nlon\) of integers, got \(13,\)"):
+        HaloExchange(grid, 1, extents=(13,))
+    from mpisphere import GatherFrom
+    with pytest.raises(ValueError, match=r"GatherFrom @ HaloExchange: .*cannot take part in a composition: without "
+                                         r"extents .* build it with extents=\(nlat, nlon\)|HaloExchange cannot take "
+                                         r"part in a composition"):
+        GatherFrom(grid.polar, -2, NLAT) @ HaloExchange(grid, 0, 1)
+
+
+def test_ranks_far_from_a_mistake_exchange_nothing_with_it_and_return_correct_halos(grid, rng):
+    """A column-only halo: rows of the grid do not talk; a mistake in one row does not reach the others."""
+    if grid.npolar < 2 or grid.nazimuth < 2:
+        pytest.skip("needs two polar rows, each with two ranks that talk")
+    field = rng.standard_normal((2, NLAT, NLON))
+    lat, lon = grid.local_slices(NLAT, NLON)
+    x = field[..., lat, lon]
+    op = HaloExchange(grid, 0, 1)
+    bad = grid.polar_rank == 0 and grid.azimuth_rank == 0
+    if grid.polar_rank == 0:
+        with pytest.raises(ValueError, match="cannot exchange its halo"):
+            op.forward(x[:1] if bad else x)
+    else:
+        numpy.testing.assert_array_equal(op.forward(x), expected_tile(grid, field, 0, 1))

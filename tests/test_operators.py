@@ -97,6 +97,16 @@ def test_bad_layout_kind(comm):
         Layout("shared", comm)
 
 
+def test_dottest_draws_its_own_points_from_the_shape_contract(comm):
+    from mpisphere import GatherFrom, Transpose, split_sizes
+    p = comm.Get_size()
+    T = Transpose(comm, axes=(0, -1), extents=(p + 1, 2 * p + 3))
+    assert T.domain_shape((None, 5, None)) == (p + 1, 5, split_sizes(2 * p + 3, p)[comm.Get_rank()])
+    assert T.range_shape((None, 5, None)) == (split_sizes(p + 1, p)[comm.Get_rank()], 5, 2 * p + 3)
+    assert dottest(T, lead=(None, 5, None)) <= 1e-15
+    assert dottest(GatherFrom(comm, 1, 3 * p), lead=(2, None), dtype=numpy.complex128) <= 1e-15
+
+
 def test_adjoint_of_the_adjoint_is_the_operator(comm):
     op = Scale(comm, broken=False)
     assert op.H.H is op
@@ -119,3 +129,99 @@ def test_layouts_of_a_grid_communicator_sum_over_the_grid(comm):
         # replicated over a column within the grid: one copy per column counts
         assert inner(a, a, Layout(REPLICATED, grid.polar)) == 5.0 * grid.nazimuth
         assert inner(a, a, Layout(DISTRIBUTED, grid.polar)) == 5.0 * grid.size
+
+
+# --- algebra for variational methods ------------------------------------------------------------
+
+def test_sums_differences_scalings_and_diagonals(comm):
+    from mpisphere import Diagonal, Identity, Transpose, split_sizes
+    p, r = comm.Get_size(), comm.Get_rank()
+    layout = Layout(DISTRIBUTED, comm)
+    local = rank_rng(comm, seed=12)
+    weights = local.uniform(1.0, 2.0, (3, 4))
+    D, I = Diagonal(weights, layout), Identity(layout, core=(3, 4))
+    x = local.standard_normal((2, 3, 4))
+    numpy.testing.assert_array_equal(D.forward(x), weights * x)
+    numpy.testing.assert_array_equal((D + I).forward(x), weights * x + x)
+    numpy.testing.assert_array_equal((D - 2.5 * I).forward(x), weights * x - 2.5 * x)
+    numpy.testing.assert_array_equal((-D).adjoint(x), -weights * x)
+    hessian = D + 0.5 * (D @ D)  # B^-1 + H^T R^-1 H shaped
+    for op in (D, I, D + I, D - I, 3 * D, hessian, hessian.H):
+        assert dottest(op, lead=(2,)) <= 1e-15, op.name
+    T = Transpose(comm, axes=(0, 1), extents=(p, 2 * p))
+    spread = T.H @ Diagonal(local.uniform(1, 2, (split_sizes(p, p)[r], 2 * p)), Layout(DISTRIBUTED, comm)) @ T
+    y = local.standard_normal((p, split_sizes(2 * p, p)[r]))
+    assert dottest(spread + T.H @ T, y) <= 1e-15
+
+
+def test_algebra_checks_layouts(comm):
+    from mpisphere import Diagonal, Identity
+    with pytest.raises(ValueError, match=r"cannot add Diagonal and Identity: their domains are Layout\('distributed'.* "
+                                         r"and Layout\('replicated'.*; replicated arrays cannot be used as distributed"):
+        Diagonal(numpy.ones(2), Layout(DISTRIBUTED, comm)) + Identity(Layout(REPLICATED, comm))
+    with pytest.raises(TypeError, match="Diagonal: weights must be real, got complex128"):
+        Diagonal(numpy.ones(2, complex), Layout(DISTRIBUTED, comm))
+    with pytest.raises(TypeError):
+        Identity(Layout(DISTRIBUTED, comm)) * "2"
+
+
+class Forgetful(LinearOperator):
+    """A custom operator that forgets to set its layouts."""
+
+    def _forward(self, x, out):
+        return x
+
+    def _adjoint(self, y, out):
+        return y
+
+
+class Halfway(LinearOperator):
+    """A custom operator without an adjoint."""
+
+    def __init__(self, comm):
+        self.domain = self.range = Layout(DISTRIBUTED, comm)
+
+    def _forward(self, x, out):
+        return 2 * x
+
+
+def test_custom_operators_that_forget_something_get_clear_errors(comm):
+    with pytest.raises(TypeError, match=r"Forgetful.domain is None: a LinearOperator must set domain and range to "
+                                        r"Layouts in its __init__"):
+        Forgetful().forward(numpy.ones(2))
+    with pytest.raises(TypeError, match="Forgetful.domain is None"):
+        Scale(comm, broken=False) @ Forgetful()
+    with pytest.raises(TypeError, match=r"Halfway defines no _adjoint\(y, out\)"):
+        Halfway(comm).adjoint(numpy.ones(2))
+    numpy.testing.assert_array_equal(Halfway(comm).forward(numpy.ones(2)), 2.0)
+
+
+# --- out= aliasing, by memory overlap -----------------------------------------------------------
+
+def test_out_overlapping_the_input_is_refused_also_through_a_composition(comm):
+    from mpisphere import CopyTo, ReduceFrom
+    x = numpy.ones((3, 4))
+    with pytest.raises(ValueError, match="out overlaps the input"):
+        (ReduceFrom(comm) @ CopyTo(comm)).forward(x, out=x)
+    with pytest.raises(ValueError, match="out overlaps the input"):
+        CopyTo(comm).forward(x, out=x[::-1])
+
+
+def test_interleaved_views_that_share_no_element_are_accepted(comm):
+    from mpisphere import CopyTo
+    big = numpy.arange(20.0).reshape(2, 10)
+    CopyTo(comm).forward(big[:, :5], out=big[:, 5:])  # the same buffer, disjoint elements
+    numpy.testing.assert_array_equal(big[:, 5:], big[:, :5])
+    strided = numpy.arange(12.0)
+    CopyTo(comm).forward(strided[0::2], out=strided[1::2])  # interleaved
+    numpy.testing.assert_array_equal(strided[1::2], strided[0::2])
+
+
+def test_out_must_be_a_writable_array(comm):
+    from mpisphere import CopyTo
+    with pytest.raises(TypeError, match="out must be a NumPy or CuPy array, got list"):
+        CopyTo(comm).forward(numpy.ones(2), out=[0.0, 0.0])
+    out = numpy.zeros(2)
+    out.flags.writeable = False
+    with pytest.raises(ValueError, match="out is read-only"):
+        CopyTo(comm).forward(numpy.ones(2), out=out)

@@ -522,3 +522,47 @@ def test_size_one_communicator_makes_no_mpi_call(rng, monkeypatch):
         numpy.testing.assert_array_equal(op.forward(g), g)
         numpy.testing.assert_array_equal(op.adjoint(g), g)
     assert calls == []
+
+
+# --- non-blocking transposes ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("which", COMMS)
+@pytest.mark.parametrize("order", ["in-order", "reversed"])
+def test_two_transposes_in_flight_complete_in_either_order(grid, which, rng, order):
+    """Two exchanges on one operator and one on another are in flight at once; every result is exact."""
+    comm = _comm(grid, which)
+    p, r = comm.Get_size(), comm.Get_rank()
+    g1, g2 = rng.standard_normal((7, 6, 11)), rng.standard_normal((7, 6, 11)) + 1j
+    op = Transpose(comm, axes=(0, -1), extents=(7, 11))
+    other = Transpose(comm, axes=(1, 0), extents=(6, 7))
+    x1, x2 = chunk(g1, -1, p, r), chunk(g2.real.copy(), -1, p, r)
+    x3 = chunk(g1, 0, p, r)
+    first = op.start_forward(x1)
+    second = op.start_forward(x2)
+    third = other.start_forward(x3)
+    handles = [first, second, third] if order == "in-order" else [third, second, first]
+    results = {id(h): h.wait() for h in handles}
+    numpy.testing.assert_array_equal(results[id(first)], chunk(g1, 0, p, r))
+    numpy.testing.assert_array_equal(results[id(second)], chunk(g2.real, 0, p, r))
+    numpy.testing.assert_array_equal(results[id(third)], chunk(g1, 1, p, r))
+    assert first.wait() is results[id(first)]  # waiting again returns the result at once
+    back = op.start_adjoint(results[id(first)], out=numpy.empty_like(x1))
+    assert back.test() in (True, False)
+    numpy.testing.assert_array_equal(back.wait(), x1)
+    numpy.testing.assert_array_equal(op.forward(x1), results[id(first)])  # blocking calls still fine
+
+
+def test_an_exchange_dropped_without_wait_is_an_error_at_the_next_call(grid, rng):
+    comm = grid.azimuth
+    p, r = comm.Get_size(), comm.Get_rank()
+    g = rng.standard_normal((4, 6))
+    op = Transpose(comm, axes=(0, 1), extents=(4, 6))
+    handle = op.start_forward(chunk(g, 1, p, r))
+    if p == 1:
+        assert handle.done  # one rank: a local copy, nothing in flight
+        return
+    handle._request.Wait()  # the collective itself completes on every rank (MPI needs that) ...
+    del handle              # ... but the exchange is dropped without wait()
+    with pytest.raises(RuntimeError, match=rf"Transpose.forward: {every_rank(p)}: an exchange started with "
+                                           r"start_forward on this operator was dropped without wait\(\)"):
+        op.forward(chunk(g, 1, p, r))

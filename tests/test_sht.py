@@ -1,5 +1,6 @@
 """Distributed SHT: against a serial reference built on scipy.special, round trips, adjoints."""
 
+import math
 import re
 
 import numpy
@@ -370,3 +371,34 @@ def test_different_batches_raise_on_every_rank(grid, debug):
     with config.override(debug=debug):
         with pytest.raises(ValueError, match=r"rank 1 has: .*shape \(3, '\*', '\*'\)"):
             sht.forward(x)
+
+
+def test_torch_harmonics_spelling_gets_a_type_error_that_teaches(grid):
+    with pytest.raises(TypeError, match=r"DistributedRealSHT: the first argument is the ProcessGrid .* pass the "
+                                        r"quadrature as quadrature='legendre-gauss' \(torch-harmonics calls it grid=\)"):
+        DistributedRealSHT(64, 128, grid="legendre-gauss")
+    with pytest.raises(TypeError, match=r"DistributedInverseRealSHT: the first argument is the ProcessGrid"):
+        DistributedInverseRealSHT(64, 128)
+    with pytest.raises(TypeError, match=r"DistributedRealSHT: grid must be a ProcessGrid, got GridComm \(a "
+                                        r"communicator: build a ProcessGrid\(comm\) and pass it\)"):
+        DistributedRealSHT(grid.cart, 17, 32)
+
+
+@pytest.mark.parametrize("quadrature", ["equiangular", "lobatto"])
+def test_one_latitude_is_too_few_for_rules_with_poles(grid, quadrature):
+    with pytest.raises(ValueError, match=rf"DistributedRealSHT: the {quadrature} rule needs at least 2 latitudes, "
+                                         r"got nlat=1"):
+        DistributedRealSHT(grid, 1, 32, quadrature=quadrature)
+
+
+def test_out_may_not_overlap_the_input_even_with_a_padded_batch(grid):
+    """A batch of one is padded inside (a split needs an entry per rank); out overlapping x is still refused."""
+    sht = DistributedRealSHT(grid, 16, 16, quadrature="legendre-gauss")
+    x = numpy.zeros((1,) + sht.tile_shape)
+    big = numpy.zeros(x.size * 4 + 64)
+    view = big[:2 * math.prod(sht.block_shape)].view(complex).reshape((1,) + sht.block_shape)
+    alias = big[:x.size].reshape(x.shape)  # x written in the same memory as out
+    with pytest.raises(ValueError, match="out overlaps the input"):
+        sht.forward(alias, out=view)
+    apart = big[-2 * math.prod(sht.block_shape):].view(complex).reshape((1,) + sht.block_shape)
+    assert sht.forward(alias, out=apart) is apart  # the same buffer, disjoint elements: fine
