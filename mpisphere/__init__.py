@@ -21,7 +21,8 @@ from .primitives import (
 )
 from .halo import HaloExchange, HaloReduce, latitude_support_band, polar_halo_radius
 from .quadrature import latitudes, truncate_sht
-from .sht import DistributedRealSHT, DistributedInverseRealSHT
+from .sht import (calculus, DistributedRealSHT, DistributedInverseRealSHT, DistributedRealVectorSHT,
+                  DistributedInverseRealVectorSHT)
 from .backend import select_device
 
 __version__ = "0.1.0"
@@ -58,5 +59,8 @@ __all__ = [
     "truncate_sht",
     "DistributedRealSHT",
     "DistributedInverseRealSHT",
+    "DistributedRealVectorSHT",
+    "calculus",
+    "DistributedInverseRealVectorSHT",
     "select_device",
 ]

@@ -478,6 +478,9 @@ def test_a_mismatch_on_one_rank_raises_on_every_rank(grid, debug):
 # --- resources ---------------------------------------------------------------------
 
 def test_repeated_calls_do_not_grow_memory(grid, rng):
+    if grid.size > 2:
+        pytest.skip("run at 1 and 2 ranks: what a call keeps does not depend on the rank count, and tracing "
+                    "allocations on oversubscribed cores takes ten seconds a grid")
     comm = grid.azimuth
     p, r = comm.Get_size(), comm.Get_rank()
     g = rng.standard_normal((6, 5, 11))

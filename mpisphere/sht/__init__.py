@@ -7,9 +7,13 @@ module                 owns
 ``contraction``        the Legendre step's matrix products (per order, batched)
 ``stages``             the stages (FFT, truncation, Legendre) and the pipeline
 ``transforms``         the public transforms, each a pipeline of stages
+``calculus``           spectral operators on coefficient blocks (Laplacian, winds, ...)
 =====================  =========================================================
 """
 
-from .transforms import DistributedInverseRealSHT, DistributedRealSHT
+from . import calculus
+from .transforms import (DistributedInverseRealSHT, DistributedInverseRealVectorSHT, DistributedRealSHT,
+                         DistributedRealVectorSHT)
 
-__all__ = ["DistributedRealSHT", "DistributedInverseRealSHT"]
+__all__ = ["calculus", "DistributedRealSHT", "DistributedInverseRealSHT", "DistributedRealVectorSHT",
+           "DistributedInverseRealVectorSHT"]

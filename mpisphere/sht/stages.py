@@ -15,6 +15,10 @@ copy, or nothing at all when the layouts agree); the local ones are here:
 :class:`LegendreStage`
     the contraction with a rank's parity-split Legendre tables
     (:mod:`mpisphere.sht.contraction`); synthesis is its adjoint.
+:class:`VectorCoupling`
+    the vector transforms' combination of neighbouring degrees of the two
+    components (their derivatives of Legendre functions are such
+    combinations), forward and adjoint.
 
 :class:`Pipeline` runs a list of stages on one rank's data, keeping every
 intermediate in a buffer it owns and reuses, in the memory layout the next
@@ -32,7 +36,7 @@ from .. import backend
 from ..operators import ADJOINT, FORWARD, AdjointOperator, InputError, LinearOperator
 from . import contraction
 
-__all__ = ["FourierStage", "Truncation", "LegendreStage", "Pipeline"]
+__all__ = ["FourierStage", "Truncation", "LegendreStage", "VectorCoupling", "Pipeline"]
 
 # numpy.fft functions take out= from NumPy 2.0; with it the FFTs write into reused buffers
 _FFT_TAKES_OUT = int(numpy.__version__.split(".")[0]) >= 2
@@ -258,6 +262,94 @@ class LegendreStage(_LocalStage):
             contraction.synthesize(self.tables, source, target, self._workspace, self.method)
         if scratch is not None:
             backend.copy_into(out.transpose(BATCH_INNERMOST), scratch)
+
+
+class VectorCoupling(_LocalStage):
+    """Couple neighbouring degrees of the two components of a vector field's coefficients.
+
+    With ``A``, ``B`` the two input components (``Lin`` degrees) and ``S``,
+    ``T`` the outputs (``Lout`` degrees), per order::
+
+        S_l = alpha_l A_{l+1} + beta_l A_{l-1} + delta_l A_l + i g_l B_l
+        T_l = i g_l A_l - alpha_l B_{l+1} - beta_l B_{l-1} - delta_l B_l
+
+    with real coefficients of shape ``(Lout, m_loc)`` (degrees outside
+    ``0 .. Lin - 1`` count as zero). The vector transforms are a Legendre
+    contraction of both components with ``P(l, m) / sin(theta)`` followed
+    (analysis) or preceded (synthesis) by such a coupling: ``d P / d theta``
+    and ``m P / sin(theta)`` are combinations of ``P / sin(theta)`` at
+    neighbouring degrees. ``forward``: ``(B, 2, Lin, m_loc)`` ->
+    ``(B, 2, Lout, m_loc)``; ``adjoint`` the transpose with conjugated
+    coefficients. Fastest in the batch-innermost layout ``(L, m, 2, B)``.
+    """
+
+    def __init__(self, alpha, beta, delta, g, lin, dtype, layout):
+        super().__init__(layout)
+        self.lin = lin
+        self.lout, self.count = alpha.shape
+        self.dtype = numpy.dtype(dtype)
+        real = numpy.empty(0, self.dtype).real.dtype
+        self.alpha, self.beta, self.delta, self.g = (numpy.asarray(c, dtype=real)[:, :, None]
+                                                     for c in (alpha, beta, delta, g))
+        self._device = {}
+
+    def _describe(self):
+        return f"VectorCoupling({self.lin} -> {self.lout} degrees, {self.count} orders)"
+
+    def _output(self, direction, spec):
+        n_in, n_out = (self.lin, self.lout) if direction == FORWARD else (self.lout, self.lin)
+        if len(spec.shape) != 4 or spec.shape[1:] != (2, n_in, self.count) or spec.dtype != self.dtype:
+            raise InputError(f"expected (B, 2, {n_in}, {self.count}) {self.dtype.name}, got {spec.shape} "
+                             f"{spec.dtype.name}")
+        return spec.but(shape=(spec.shape[0], 2, n_out, self.count)), spec.describe()
+
+    def _shapes(self, lead):
+        return lead + (2, self.lin, self.count), lead + (2, self.lout, self.count)
+
+    def _coefficients(self, like):
+        if not backend.is_device_array(like):
+            return self.alpha, self.beta, self.delta, self.g
+        key = like.device.id
+        if key not in self._device:
+            with like.device:
+                self._device[key] = tuple(backend.array_module(like).asarray(c)
+                                          for c in (self.alpha, self.beta, self.delta, self.g))
+        return self._device[key]
+
+    def _run(self, direction, x, out, context):
+        # component c of a (B, 2, L, m) array as (L, m, B): a view in the batch-innermost layout
+        a, b = (x[:, c].transpose(1, 2, 0) for c in (0, 1))
+        s, t = (out[:, c].transpose(1, 2, 0) for c in (0, 1))
+        alpha, beta, delta, g = self._coefficients(x)
+        if direction == FORWARD:
+            self._couple(a, b, s, alpha, beta, delta, g, +1)
+            self._couple(b, a, t, alpha, beta, delta, g, -1)
+        else:
+            self._transpose(a, b, s, alpha, beta, delta, g, +1)
+            self._transpose(b, a, t, alpha, beta, delta, g, -1)
+
+    def _couple(self, same, other, result, alpha, beta, delta, g, sign):
+        """``result_l = sign (alpha_l same_{l+1} + beta_l same_{l-1} + delta_l same_l) + i g_l other_l``."""
+        lin, lout = self.lin, self.lout
+        n = min(lin, lout)
+        numpy.multiply(1j * g[:n], other[:n], out=result[:n])
+        result[n:] = 0
+        for coef, shift in ((delta, 0), (alpha, 1), (beta, -1)):
+            lo, hi = max(0, -shift), min(lout, lin - shift)  # l with 0 <= l + shift < lin
+            if hi > lo:
+                result[lo:hi] += (sign * coef[lo:hi]) * same[lo + shift:hi + shift]
+
+    def _transpose(self, s, t, result, alpha, beta, delta, g, sign):
+        """The adjoint of :meth:`_couple`: ``result_k = sign (alpha_{k-1} s_{k-1} + beta_{k+1} s_{k+1} +
+        delta_k s_k) - i g_k t_k`` (``s`` the same output component, ``t`` the other)."""
+        lin, lout = self.lin, self.lout
+        n = min(lin, lout)
+        numpy.multiply(-1j * g[:n], t[:n], out=result[:n])
+        result[n:] = 0
+        for coef, shift in ((delta, 0), (alpha, 1), (beta, -1)):
+            lo, hi = max(0, -shift), min(lout, lin - shift)  # output degree l feeds input degree l + shift
+            if hi > lo:
+                result[lo + shift:hi + shift] += (sign * coef[lo:hi]) * s[lo:hi]
 
 
 class Pipeline:

@@ -1,0 +1,140 @@
+"""Spectral calculus on coefficient blocks: Laplacian, vorticity and divergence, winds, gradients, filters.
+
+Each function returns a :class:`~mpisphere.LinearOperator` (with its
+adjoint) built for the blocks of a given transform: the operators that act
+on coefficients are diagonal in ``(l, m)`` and need no communication (each
+rank scales its own block, whose global degrees the transform knows:
+``transform.local_degrees``); those that reach grid space are compositions
+with the transforms. ``radius`` is the sphere's radius (1 for the unit
+sphere; 6.37122e6 m for the Earth).
+
+Conventions follow torch-harmonics' shallow-water solver: winds are
+``(u, v)`` (eastward, northward) fields ``(..., 2, h, w)`` handed to the
+vector transforms as they are, and
+
+* ``uv_to_vrtdiv(vsht, r)(uv) = -l (l + 1) / r * vsht(uv)``: coefficients
+  ``(..., 2, l, m)`` of the vorticity (component 0) and divergence
+  (component 1);
+* ``vrtdiv_to_uv(ivsht, r)(vrtdiv) = ivsht(-r / (l (l + 1)) * vrtdiv)``.
+
+The inverse Laplacian sets the ``l = 0`` coefficient to zero (the global mean
+is not determined by a Laplacian): it is the inverse on the fields of zero
+mean, and the pseudo-inverse (still its own adjoint) on all.
+"""
+
+import numpy
+
+from ..operators import DISTRIBUTED, FORWARD, Diagonal, InputError, Layout, LinearOperator
+
+__all__ = [
+    "laplacian",
+    "inverse_laplacian",
+    "spectral_filter",
+    "hyperdiffusion",
+    "truncation",
+    "uv_to_vrtdiv",
+    "vrtdiv_to_uv",
+    "gradient",
+]
+
+
+def _degrees(transform):
+    """``l`` of each entry of this rank's block, shape ``(l_loc, 1)`` (broadcasts over the orders)."""
+    return transform.local_degrees.astype(float)[:, None]
+
+
+def _block_diagonal(transform, factors_by_degree):
+    """A Diagonal on this rank's blocks from real factors per global degree (shape ``(lmax,)``)."""
+    factors = numpy.asarray(factors_by_degree, dtype=float)
+    if factors.shape != (transform.lmax,):
+        raise ValueError(f"expected one factor per degree, shape ({transform.lmax},), got {factors.shape}")
+    weights = numpy.broadcast_to(factors[transform.local_degrees][:, None], transform.block_shape).copy()
+    return Diagonal(weights.astype(numpy.empty(0, transform.cdtype).real.dtype),
+                    Layout(DISTRIBUTED, transform.grid.cart))
+
+
+def _by_degree(transform, fn):
+    l = numpy.arange(transform.lmax, dtype=float)
+    return fn(l)
+
+
+def laplacian(transform, radius=1.0):
+    """``c(l, m) -> -l (l + 1) / radius^2 c(l, m)`` on the blocks of ``transform``'s coefficients."""
+    return _block_diagonal(transform, _by_degree(transform, lambda l: -l * (l + 1) / radius ** 2))
+
+
+def inverse_laplacian(transform, radius=1.0):
+    """``c(l, m) -> -radius^2 / (l (l + 1)) c(l, m)``, and 0 at ``l = 0`` (see the module notes)."""
+    def factors(l):
+        out = numpy.zeros_like(l)
+        out[1:] = -radius ** 2 / (l[1:] * (l[1:] + 1))
+        return out
+    return _block_diagonal(transform, _by_degree(transform, factors))
+
+
+def spectral_filter(transform, factors_by_degree):
+    """Multiply each degree ``l`` by ``factors_by_degree[l]`` (a real array of ``lmax`` factors)."""
+    return _block_diagonal(transform, factors_by_degree)
+
+
+def hyperdiffusion(transform, dt, efolding=3600.0, order=4):
+    """torch-harmonics' implicit hyperdiffusion: ``exp(-dt / (2 efolding) (l (l + 1) / (L (L + 1)))^order)``.
+
+    ``L = lmax - 1``, the highest degree: it is damped by ``exp(-dt / (2 efolding))`` per step.
+    """
+    top = (transform.lmax - 1) * transform.lmax
+    return _block_diagonal(transform, _by_degree(
+        transform, lambda l: numpy.exp(-dt / 2.0 / efolding * (l * (l + 1) / top) ** order)))
+
+
+def truncation(transform, lmax):
+    """Keep the degrees below ``lmax``, zero the others (a projection: its own adjoint)."""
+    return _block_diagonal(transform, _by_degree(transform, lambda l: (l < lmax).astype(float)))
+
+
+def uv_to_vrtdiv(vector_sht, radius=1.0):
+    """Winds ``(..., 2, h, w)`` -> coefficients of vorticity and divergence ``(..., 2, l, m)``."""
+    return laplacian(vector_sht, radius) * radius @ vector_sht
+
+
+def vrtdiv_to_uv(inverse_vector_sht, radius=1.0):
+    """Coefficients of vorticity and divergence ``(..., 2, l, m)`` -> winds ``(..., 2, h, w)``."""
+    return inverse_vector_sht @ (inverse_laplacian(inverse_vector_sht, radius) * (1.0 / radius))
+
+
+class _IntoComponent(LinearOperator):
+    """``(..., l, m) -> (..., 2, l, m)``: ``scale`` times the input in component ``index``, zeros in the other."""
+
+    def __init__(self, transform, index, scale):
+        self.domain = self.range = Layout(DISTRIBUTED, transform.grid.cart)
+        self.index, self.scale = index, scale
+        self.block = tuple(transform.block_shape)
+
+    def _output(self, direction, spec):
+        if direction == FORWARD:
+            if spec.shape[-2:] != self.block:
+                raise InputError(f"expected a coefficient block of {self.block}, got shape {spec.shape}")
+            return spec.but(shape=spec.shape[:-2] + (2,) + self.block), spec.describe()
+        if spec.shape[-3:] != (2,) + self.block:
+            raise InputError(f"expected a vector block of {(2,) + self.block}, got shape {spec.shape}")
+        return spec.but(shape=spec.shape[:-3] + self.block), spec.describe()
+
+    def _run(self, direction, x, out, context):
+        if direction == FORWARD:
+            out[..., 1 - self.index, :, :] = 0
+            numpy.multiply(x, self.scale, out=out[..., self.index, :, :])
+        else:
+            numpy.multiply(x[..., self.index, :, :], self.scale, out=out)
+
+    def _shapes(self, lead):
+        return lead + self.block, lead + (2,) + self.block
+
+
+def gradient(inverse_vector_sht, radius=1.0):
+    """Coefficients of a scalar ``psi`` ``(..., l, m)`` -> its gradient ``(u, v)`` on the grid ``(..., 2, h, w)``.
+
+    The gradient has no vorticity and the divergence ``lap(psi)``, so it is
+    ``vrtdiv_to_uv([0, lap(psi)]) = ivsht([0, psi / radius])``.
+    """
+    return inverse_vector_sht @ _IntoComponent(inverse_vector_sht, 1, 1.0 / radius)
+
