@@ -44,7 +44,6 @@ in a direction posts no message in that direction.
 (a convolution of a given angular radius) from the latitudes and the grid.
 """
 
-import math
 
 import numpy
 from mpi4py import MPI

@@ -21,7 +21,6 @@ every rank computes the same numbers.
 """
 
 import dataclasses
-import math
 from typing import Callable, Tuple
 
 import numpy

@@ -34,7 +34,7 @@ def rank_rng(comm, seed=7):
 
 
 def every_rank(size):
-    """How an error found on every rank of ``size`` names them (``rank 0 of 1``, ``ranks 0, 1 of 2``, ``ranks 0-3 of 4``)."""
+    """How an error found on every rank names them: ``rank 0 of 1``, ``ranks 0, 1 of 2``, ``ranks 0-3 of 4``."""
     if size == 1:
         return "rank 0 of 1"
     if size == 2:

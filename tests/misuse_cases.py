@@ -18,7 +18,6 @@ import threading
 import numpy
 from mpi4py import MPI
 
-import mpisphere
 from mpisphere import (CopyTo, DistributedRealSHT, GatherFrom, GatherFromCopyTo, HaloExchange, LinearOperator,
                        ProcessGrid, ReduceFrom, Transpose, config, split_sizes)
 from mpisphere.operators import DISTRIBUTED, Layout
@@ -121,7 +120,8 @@ def halo_tile_widths(comm, grid, me):
     """Without extents: rank 0's tile is one column wider than its column's (a field that is no field)."""
     h, w = grid.local_shape(NLAT, NLON)
     widen = me == 0
-    HaloExchange(grid, 1, 1).forward(numpy.zeros((2, h + (widen and grid.npolar == 1), w + (widen and grid.npolar > 1))))
+    shape = (2, h + (widen and grid.npolar == 1), w + (widen and grid.npolar > 1))
+    HaloExchange(grid, 1, 1).forward(numpy.zeros(shape))
 
 
 def grid_dims(comm, grid, me):

@@ -35,7 +35,8 @@ def harmonic(l, m):
 
 @pytest.fixture
 def transforms(grid):
-    return (DistributedRealSHT(grid, NLAT, NLON, quadrature=RULE), DistributedInverseRealSHT(grid, NLAT, NLON, quadrature=RULE),
+    return (DistributedRealSHT(grid, NLAT, NLON, quadrature=RULE),
+            DistributedInverseRealSHT(grid, NLAT, NLON, quadrature=RULE),
             DistributedRealVectorSHT(grid, NLAT, NLON, quadrature=RULE),
             DistributedInverseRealVectorSHT(grid, NLAT, NLON, quadrature=RULE))
 

@@ -277,7 +277,8 @@ def test_messages_that_teach(grid):
         HaloExchange(grid.cart, 1)
     with pytest.raises(TypeError, match=r"HaloExchange: extents\[0\] \(nlat\) must be an integer, got 13.0"):
         HaloExchange(grid, 1, extents=(13.0, 10))
-    with pytest.raises(TypeError, match=r"HaloExchange: extents must be a pair \(nlat, nlon\) of integers, got \(13,\)"):
+    with pytest.raises(TypeError, match=r"HaloExchange: extents must be a pair \(nlat, nlon\) of integers, "
+                                        r"got \(13,\)"):
         HaloExchange(grid, 1, extents=(13,))
     from mpisphere import GatherFrom
     with pytest.raises(ValueError, match=r"GatherFrom @ HaloExchange: .*cannot take part in a composition: without "

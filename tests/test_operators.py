@@ -156,8 +156,9 @@ def test_sums_differences_scalings_and_diagonals(comm):
 
 def test_algebra_checks_layouts(comm):
     from mpisphere import Diagonal, Identity
-    with pytest.raises(ValueError, match=r"cannot add Diagonal and Identity: their domains are Layout\('distributed'.* "
-                                         r"and Layout\('replicated'.*; replicated arrays cannot be used as distributed"):
+    with pytest.raises(ValueError, match=r"cannot add Diagonal and Identity: their domains are "
+                                         r"Layout\('distributed'.* and Layout\('replicated'.*; replicated arrays "
+                                         r"cannot be used as distributed"):
         Diagonal(numpy.ones(2), Layout(DISTRIBUTED, comm)) + Identity(Layout(REPLICATED, comm))
     with pytest.raises(TypeError, match="Diagonal: weights must be real, got complex128"):
         Diagonal(numpy.ones(2, complex), Layout(DISTRIBUTED, comm))

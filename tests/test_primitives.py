@@ -433,7 +433,7 @@ def test_bad_construction_arguments(grid):
 @pytest.mark.parametrize("dtype", [numpy.int32, numpy.bool_, numpy.float128 if hasattr(numpy, "float128") else object])
 def test_unsupported_dtype(grid, dtype):
     comm = grid.cart
-    p, r = comm.Get_size(), comm.Get_rank()
+    p = comm.Get_size()
     x = numpy.zeros((p, 3), dtype=dtype)
     with pytest.raises(TypeError, match=rf"^ReduceFrom.forward: {every_rank(p)}: unsupported dtype"):
         ReduceFrom(comm).forward(x)

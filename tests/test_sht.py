@@ -375,7 +375,8 @@ def test_different_batches_raise_on_every_rank(grid, debug):
 
 def test_torch_harmonics_spelling_gets_a_type_error_that_teaches(grid):
     with pytest.raises(TypeError, match=r"DistributedRealSHT: the first argument is the ProcessGrid .* pass the "
-                                        r"quadrature as quadrature='legendre-gauss' \(torch-harmonics calls it grid=\)"):
+                                        r"quadrature as quadrature='legendre-gauss' "
+                                        r"\(torch-harmonics calls it grid=\)"):
         DistributedRealSHT(64, 128, grid="legendre-gauss")
     with pytest.raises(TypeError, match=r"DistributedInverseRealSHT: the first argument is the ProcessGrid"):
         DistributedInverseRealSHT(64, 128)

@@ -11,7 +11,7 @@ from mpisphere import DistributedInverseRealVectorSHT, DistributedRealVectorSHT,
 from mpisphere.partition import chunk_slice
 from mpisphere.quadrature import latitudes
 
-from helpers import random_array, rank_rng
+from helpers import random_array
 
 pytestmark = pytest.mark.mpi
 

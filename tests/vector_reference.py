@@ -51,7 +51,8 @@ def forward(field, lmax, mmax, theta, w, norm="ortho", csphase=True):
     W[1] = -W[1]
     X = numpy.fft.rfft(field, axis=-1, norm="forward")[..., :mmax]
     X0, X1 = X[..., 0, :, :], X[..., 1, :, :]
-    c = lambda t, a: numpy.einsum("mlk,...km->...lm", t, a)
+    def c(t, a):
+        return numpy.einsum("mlk,...km->...lm", t, a)
     s = c(W[0], X0) + 1j * c(W[1], X1)
     t = 1j * c(W[1], X0) - c(W[0], X1)
     return numpy.stack([s, t], axis=-3)
@@ -61,7 +62,8 @@ def inverse(coeffs, nlat, nlon, theta, norm="ortho", csphase=True):
     lmax, mmax = coeffs.shape[-2:]
     d = dlegpoly(mmax, lmax, theta, norm, True, csphase)
     S, T = coeffs[..., 0, :, :], coeffs[..., 1, :, :]
-    c = lambda t, a: numpy.einsum("mlk,...lm->...km", t, a)
+    def c(t, a):
+        return numpy.einsum("mlk,...lm->...km", t, a)
     v0 = c(d[0], S) + 1j * c(d[1], T)
     v1 = 1j * c(d[1], S) - c(d[0], T)
     V = numpy.stack([v0, v1], axis=-3)

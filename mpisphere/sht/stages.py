@@ -33,7 +33,7 @@ import math
 import numpy
 
 from .. import backend
-from ..operators import ADJOINT, FORWARD, AdjointOperator, InputError, LinearOperator
+from ..operators import FORWARD, AdjointOperator, InputError, LinearOperator
 from . import contraction
 
 __all__ = ["FourierStage", "Truncation", "LegendreStage", "VectorCoupling", "Pipeline"]
