@@ -25,7 +25,7 @@ from .sht import (calculus, DistributedRealSHT, DistributedInverseRealSHT, Distr
                   DistributedInverseRealVectorSHT)
 from .backend import select_device
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "config",

@@ -1,14 +1,24 @@
-"""mpisphere demo: a distributed spherical harmonic transform on a 2-D grid of ranks.
+"""mpisphere demo: a distributed shallow-water model, and checks of the transforms it is built on.
 
-    mpiexec -n 4 python -m mpi4py scripts/demo.py                # NumPy, 2 x 2 grid, 361 x 720 (0.5 degree)
-    mpiexec -n 4 python -m mpi4py scripts/demo.py --device gpu   # CuPy, one GPU per rank (shared if fewer)
+    mpiexec -n 4 python -m mpi4py scripts/demo.py            # Galewsky's unstable jet on a 2 x 2 grid of ranks
+    mpiexec -n 4 python -m mpi4py scripts/demo.py --check    # also: SHT round trip, analytic coefficients, dot tests
+    mpiexec -n 4 python -m mpi4py scripts/demo.py --device gpu
 
-Builds a field from a few spherical harmonics (closed forms, independent of
-mpisphere's Legendre code) plus a zonal jet, scatters it over the grid, and
-runs the forward and inverse transforms and both adjoints. Rank 0 prints the
-grid, the backend and GPU buffer path, the round-trip error, the error of the
-coefficients against the analytic ones, the dot-test errors and the time per
-transform (median over repetitions, slowest rank).
+The main job is Galewsky et al. (2004)'s barotropically unstable mid-latitude
+jet, run with mpisphere's distributed shallow-water model (the equations and
+time stepping of torch-harmonics' example) on a 64 x 128 Gauss grid (T63)
+with a 200 s time step for six model days: the jet's small height bump grows
+into the rolled-up vortices of the instability from day four on (with a
+300 s step the model, like torch-harmonics', blows up: third-order
+Adams-Bashforth against the fastest gravity waves). Rank 0 prints one line per model day (time,
+mass, total energy, largest relative vorticity, all reduced over the grid)
+and at the end writes a picture of the vorticity, ``galewsky_vorticity.png``
+in the current folder (matplotlib is optional: ``pip install
+'mpisphere[plot]'``; without it the run completes and says so).
+
+``--check`` first runs the transform checks of a 361 x 720 (0.5 degree) field:
+the round-trip error, the error of the coefficients against analytic
+harmonics, the dot tests of both transforms and their time per call.
 """
 
 import argparse
@@ -21,6 +31,7 @@ from mpi4py import MPI
 
 import mpisphere
 from mpisphere import DistributedInverseRealSHT, DistributedRealSHT, ProcessGrid, dottest
+from mpisphere.examples import ShallowWaterSolver
 from mpisphere.partition import chunk_slice
 from mpisphere.quadrature import latitudes
 
@@ -79,23 +90,9 @@ def timed(comm, fn, repeats):
     return 1e3 * float(numpy.median(times))
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nlat", type=int, default=361)
-    parser.add_argument("--nlon", type=int, default=720)
-    parser.add_argument("--batch", type=int, default=8, help="fields transformed together")
-    parser.add_argument("--npolar", type=int, default=None, help="polar ranks (default: MPI.Compute_dims)")
-    parser.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
-    parser.add_argument("--repeats", type=int, default=5)
-    args = parser.parse_args(argv)
-
-    world = MPI.COMM_WORLD
-    xp = numpy
-    if args.device == "gpu":
-        device = mpisphere.select_device(world)
-        import cupy as xp  # noqa: N813 -- same interface as NumPy
-    grid = ProcessGrid(world, npolar=args.npolar)
-    nlat, nlon = args.nlat, args.nlon
+def sht_checks(grid, args, xp):
+    """The transform checks of ``--check``; returns True when they pass."""
+    nlat, nlon = args.check_nlat, args.check_nlon
     # An equiangular grid with the poles integrates degree-(nlat) products exactly, so
     # lmax = (nlat + 1) // 2 makes the forward transform exact for fields of that band.
     lmax = mmax = (nlat + 1) // 2
@@ -139,23 +136,105 @@ def main(argv=None):
     }
 
     if grid.rank == 0:
-        backend = "NumPy (CPU)" if xp is numpy else f"CuPy (GPU {device} on rank 0)"
-        print(f"mpisphere {mpisphere.__version__} demo")
-        print(f"  grid            {grid.npolar} x {grid.nazimuth} ranks (polar x azimuth), "
-              f"{MPI.COMM_WORLD.Get_size()} processes")
-        print(f"  field           {args.batch} x {nlat} x {nlon} (equiangular, "
-              f"{180 / (nlat - 1):g} degree), lmax = mmax = {lmax}")
-        print(f"  rank 0 tile     {tuple(fields.shape)}, coefficient block {tuple(coeffs.shape)}")
-        print(f"  backend         {backend}")
+        backend = "NumPy (CPU)" if xp is numpy else "CuPy (GPU)"
+        print(f"transform checks on {grid.npolar} x {grid.nazimuth} ranks, {args.batch} x {nlat} x {nlon} "
+              f"(equiangular, {180 / (nlat - 1):g} degree), lmax = mmax = {lmax}, {backend}")
         print(f"  GPU buffers     {grid.device_buffer_path}")
         print(f"  round trip      max |inverse(forward(f)) - f| / max |f| = {round_trip:.2e}")
         print(f"  coefficients    max error against the analytic harmonics = {coeff_error:.2e}")
-        print(f"  dot tests       forward {dot_forward:.1e}, inverse {dot_inverse:.1e} (relative)")
+        print(f"  dot tests       forward {dot_forward:.1e}, inverse {dot_inverse:.1e} (of the rounding bound)")
         print("  time per transform (median of %d, slowest rank):" % args.repeats)
         for name, ms in times.items():
             print(f"    {name:16s} {ms:8.1f} ms  ({ms / args.batch:.2f} ms per field)")
-    ok = round_trip < 1e-10 and coeff_error < 1e-10
-    grid.free()
+    return round_trip < 1e-10 and coeff_error < 1e-10
+
+
+def plot_vorticity(vorticity, lats, lons, day, path):
+    """Write the vorticity (rank 0's whole field) as a latitude-longitude picture; False without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    north = lats >= 0  # the jet and its instability live in the northern hemisphere
+    fig, ax = plt.subplots(figsize=(10, 3.6), dpi=110)
+    limit = float(abs(vorticity).max())
+    image = ax.pcolormesh(numpy.degrees(lons), numpy.degrees(lats[north]), vorticity[north] * 1e5, cmap="RdBu_r",
+                          vmin=-limit * 1e5, vmax=limit * 1e5, shading="nearest")
+    ax.set_xlabel("longitude (degrees)")
+    ax.set_ylabel("latitude (degrees)")
+    ax.set_title(f"Galewsky's unstable jet after {day:g} days: relative vorticity (1e-5 / s), mpisphere")
+    fig.colorbar(image, ax=ax, shrink=0.9)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return True
+
+
+def run_galewsky(grid, args):
+    swe = ShallowWaterSolver(grid, args.nlat, args.nlon, dt=args.dt, quadrature="legendre-gauss")
+    uspec = swe.galewsky_initial_condition()
+    steps_per_day = int(round(86400.0 / args.dt))
+    first = swe.diagnostics(uspec)
+    if grid.rank == 0:
+        print(f"mpisphere {mpisphere.__version__}: shallow-water model, Galewsky's unstable jet")
+        print(f"  grid            {grid.npolar} x {grid.nazimuth} ranks, {args.nlat} x {args.nlon} Gauss grid, "
+              f"lmax = mmax = {swe.lmax}, dt = {args.dt:g} s ({steps_per_day} steps a day)")
+        print(f"  {'day':>5} {'mass (m^3)':>16} {'energy':>16} {'max |vorticity|':>16} {'wall':>8}")
+        print(f"  {0:5.1f} {first['mass']:16.9e} {first['energy']:16.9e} {first['max_vorticity']:16.6e} {0:7.1f}s")
+    start = time.perf_counter()
+    for day in range(1, args.days + 1):
+        uspec = swe.timestep(uspec, steps_per_day)
+        d = swe.diagnostics(uspec)
+        wall = grid.cart.allreduce(time.perf_counter() - start, op=MPI.MAX)
+        if not all(math.isfinite(v) for v in d.values()):
+            raise FloatingPointError(f"the run blew up on day {day}: {d} (time step {args.dt} s too long?)")
+        if grid.rank == 0:
+            print(f"  {day:5.1f} {d['mass']:16.9e} {d['energy']:16.9e} {d['max_vorticity']:16.6e} {wall:7.1f}s",
+                  flush=True)
+    vorticity = grid.gather(swe.spec2grid(uspec[1]))
+    lats = grid.gather(numpy.broadcast_to(swe.lats[:, None], swe.sht.tile_shape).copy())
+    lons = grid.gather(numpy.broadcast_to(swe.lons[None, :], swe.sht.tile_shape).copy())
+    if grid.rank == 0:
+        drift_mass = d["mass"] / first["mass"] - 1
+        drift_energy = d["energy"] / first["energy"] - 1
+        print(f"  after {args.days} days: mass changed by {drift_mass:.1e}, energy by {drift_energy:.1e} "
+              f"(relative); {steps_per_day * args.days / (time.perf_counter() - start):.0f} steps a second")
+        if plot_vorticity(vorticity, lats[:, 0], lons[0], args.days, args.png):
+            print(f"  picture         {args.png}")
+        else:
+            print("  picture         matplotlib is not installed: pip install 'mpisphere[plot]' (or '.[plot]' in "
+                  "a clone) and run again for the picture")
+    return swe
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nlat", type=int, default=64, help="Gauss latitudes of the model (default 64)")
+    parser.add_argument("--nlon", type=int, default=128)
+    parser.add_argument("--dt", type=float, default=200.0, help="time step, seconds (default 200)")
+    parser.add_argument("--days", type=int, default=6)
+    parser.add_argument("--png", default="galewsky_vorticity.png")
+    parser.add_argument("--check", action="store_true", help="run the transform checks first")
+    parser.add_argument("--check-nlat", type=int, default=361)
+    parser.add_argument("--check-nlon", type=int, default=720)
+    parser.add_argument("--batch", type=int, default=8, help="fields transformed together in the checks")
+    parser.add_argument("--npolar", type=int, default=None, help="polar ranks (default: MPI.Compute_dims)")
+    parser.add_argument("--device", choices=["cpu", "gpu"], default="cpu", help="arrays of the checks")
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args(argv)
+
+    world = MPI.COMM_WORLD
+    xp = numpy
+    if args.device == "gpu":
+        mpisphere.select_device(world)
+        import cupy as xp  # noqa: N813 -- same interface as NumPy
+    ok = True
+    with ProcessGrid(world, npolar=args.npolar) as grid:
+        if args.check:
+            ok = sht_checks(grid, args, xp)
+        run_galewsky(grid, args)
     return 0 if ok else 1
 
 
