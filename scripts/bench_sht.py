@@ -4,6 +4,7 @@
     mpiexec -n 2 python scripts/bench_sht.py        # 1 x 2 and 2 x 1
     mpiexec -n 4 python scripts/bench_sht.py        # 2 x 2
     mpiexec -n 1 python scripts/bench_sht.py --large --json sht.json
+    mpiexec -n 4 python scripts/bench_sht.py --vector-only   # vector against scalar transforms
 
 Reference problem: 32 real fields of 361 x 720 (0.5 degree, equiangular),
 float64, default truncation (lmax = 361, mmax = 361). Each figure is the
@@ -27,7 +28,8 @@ from mpi4py import MPI
 
 import mpisphere
 from benchtools import measure
-from mpisphere import DistributedInverseRealSHT, DistributedRealSHT, ProcessGrid
+from mpisphere import (DistributedInverseRealSHT, DistributedInverseRealVectorSHT, DistributedRealSHT,
+                       DistributedRealVectorSHT, ProcessGrid)
 
 
 def peak_rss_mb():
@@ -62,6 +64,44 @@ def bench_grid(grid, args, xp, sync):
     return rows
 
 
+def bench_vector_grid(grid, args, xp, sync):
+    """Vector transforms of ``batch`` winds against scalar transforms of ``batch`` fields, in the same run."""
+    nlat, nlon, batch = args.nlat, args.nlon, args.batch
+    dtype = numpy.dtype(args.dtype)
+    options = dict(quadrature=args.quadrature, dtype=dtype)
+    sht = DistributedRealSHT(grid, nlat, nlon, **options)
+    isht = DistributedInverseRealSHT(grid, nlat, nlon, **options)
+    vsht = DistributedRealVectorSHT(grid, nlat, nlon, **options)
+    ivsht = DistributedInverseRealVectorSHT(grid, nlat, nlon, **options)
+    rng = numpy.random.default_rng(grid.rank)
+    wind = xp.asarray(rng.standard_normal((batch, 2) + sht.tile_shape).astype(dtype))
+    scalar = wind[:, 0].copy()
+    cs, cv = sht.forward(scalar), vsht.forward(wind)
+    out = {"scalar": (xp.empty_like(cs), xp.empty_like(scalar)), "vector": (xp.empty_like(cv), xp.empty_like(wind))}
+    cases = [("scalar forward", lambda: sht.forward(scalar, out=out["scalar"][0])),
+             ("scalar inverse", lambda: isht.forward(cs, out=out["scalar"][1])),
+             ("vector forward", lambda: vsht.forward(wind, out=out["vector"][0])),
+             ("vector inverse", lambda: ivsht.forward(cv, out=out["vector"][1])),
+             ("vector forward adjoint", lambda: vsht.adjoint(cv)),
+             ("vector inverse adjoint", lambda: ivsht.adjoint(wind))]
+    rows = []
+    for name, fn in cases:
+        median, low, high = measure(grid.cart, fn, args.repeats, args.warmup, sync)
+        rows.append({"grid": f"{grid.npolar}x{grid.nazimuth}", "case": name, "median_ms": median, "min_ms": low,
+                     "max_ms": high})
+        if grid.rank == 0:
+            what = "winds" if name.startswith("vector") else "fields"
+            print(f"{rows[-1]['grid']:>4} {name:24s} {median:9.1f} ms [{low:8.1f}..{high:8.1f}]  ({batch} {what}"
+                  f"{'' if 'adjoint' in name else ', out='})", flush=True)
+    medians = {r["case"]: r["median_ms"] for r in rows}
+    if grid.rank == 0:
+        print(f"{rows[-1]['grid']:>4} ratios: vector / scalar forward = "
+              f"{medians['vector forward'] / medians['scalar forward']:.2f}, inverse = "
+              f"{medians['vector inverse'] / medians['scalar inverse']:.2f} (two components: 2.0 is the "
+              f"cost of two scalar transforms)", flush=True)
+    return rows
+
+
 def bench_ducc0(args):
     try:
         import ducc0
@@ -88,12 +128,27 @@ def bench_ducc0(args):
         for b in range(batch):
             ducc0.sht.experimental.synthesis_2d(alm=alm[b], map=maps[b], spin=0, lmax=lmax, geometry=geometry,
                                                 nthreads=1)
+    vmaps = numpy.random.default_rng(1).standard_normal((batch, 2, nlat, nlon)).astype(dtype)
+    valm = numpy.zeros((batch, 2, nalm), dtype=alm.dtype)
+
+    def vector_analysis():
+        for b in range(batch):
+            ducc0.sht.experimental.analysis_2d(map=vmaps[b], alm=valm[b], spin=1, lmax=lmax, geometry=geometry,
+                                               nthreads=1)
+
+    def vector_synthesis():
+        for b in range(batch):
+            ducc0.sht.experimental.synthesis_2d(alm=valm[b], map=vmaps[b], spin=1, lmax=lmax, geometry=geometry,
+                                                nthreads=1)
     rows = []
-    for name, fn in (("ducc0 analysis_2d", analysis), ("ducc0 synthesis_2d", synthesis)):
+    cases = [("ducc0 analysis_2d", analysis), ("ducc0 synthesis_2d", synthesis)]
+    if args.vector:
+        cases += [("ducc0 analysis_2d spin 1", vector_analysis), ("ducc0 synthesis_2d spin 1", vector_synthesis)]
+    for name, fn in cases:
         median, low, high = measure(MPI.COMM_SELF, fn, args.repeats, args.warmup)
         rows.append({"grid": "1x1", "case": name, "median_ms": median, "min_ms": low, "max_ms": high,
                      "lmax": lmax, "ducc0": ducc0.__version__})
-        print(f" 1x1 {name:18s} {median:9.1f} ms [{low:8.1f}..{high:8.1f}]  lmax = mmax = {lmax}, one thread, "
+        print(f" 1x1 {name:24s} {median:9.1f} ms [{low:8.1f}..{high:8.1f}]  lmax = mmax = {lmax}, one thread, "
               f"ducc0 {ducc0.__version__}", flush=True)
     return rows
 
@@ -111,8 +166,12 @@ def main(argv=None):
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
     parser.add_argument("--no-ducc0", action="store_true")
+    parser.add_argument("--vector", action="store_true",
+                        help="also the vector transforms against scalar ones, and ducc0 with spin 1")
+    parser.add_argument("--vector-only", action="store_true", help="only the vector rows")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
+    args.vector = args.vector or args.vector_only
     if args.large:
         args.nlat, args.nlon = 721, 1440
     world = MPI.COMM_WORLD
@@ -132,13 +191,20 @@ def main(argv=None):
     rows = []
     for npolar, nazimuth in shapes:
         with ProcessGrid(world, npolar, nazimuth) as grid:
-            rows += bench_grid(grid, args, xp, sync)
+            if not args.vector_only:
+                rows += bench_grid(grid, args, xp, sync)
+            if args.vector or args.vector_only:
+                rows += bench_vector_grid(grid, args, xp, sync)
     if size == 1 and not args.no_ducc0 and args.device == "cpu":
         rows += bench_ducc0(args)
         medians = {r["case"]: r["median_ms"] for r in rows}
-        if "ducc0 analysis_2d" in medians:
+        if "ducc0 analysis_2d" in medians and "forward" in medians:
             print(f"ratios: forward / analysis_2d = {medians['forward'] / medians['ducc0 analysis_2d']:.2f}, "
                   f"inverse / synthesis_2d = {medians['inverse'] / medians['ducc0 synthesis_2d']:.2f}")
+        if "ducc0 analysis_2d spin 1" in medians:
+            print(f"ratios: vector forward / analysis_2d spin 1 = "
+                  f"{medians['vector forward'] / medians['ducc0 analysis_2d spin 1']:.2f}, vector inverse / "
+                  f"synthesis_2d spin 1 = {medians['vector inverse'] / medians['ducc0 synthesis_2d spin 1']:.2f}")
     if args.json and world.Get_rank() == 0:
         meta = {"ranks": size, "batch": args.batch, "nlat": args.nlat, "nlon": args.nlon, "dtype": args.dtype,
                 "quadrature": args.quadrature, "device": args.device, "numpy": numpy.__version__,

@@ -292,6 +292,9 @@ class VectorCoupling(_LocalStage):
         self.alpha, self.beta, self.delta, self.g = (numpy.asarray(c, dtype=real)[:, :, None]
                                                      for c in (alpha, beta, delta, g))
         self._device = {}
+        self._workspace = backend.Workspace()
+        nonzero = numpy.flatnonzero(numpy.any(self.delta[:, :, 0] != 0, axis=0))
+        self._delta_columns = slice(int(nonzero.min()), int(nonzero.max()) + 1) if nonzero.size else slice(0, 0)
 
     def _describe(self):
         return f"VectorCoupling({self.lin} -> {self.lout} degrees, {self.count} orders)"
@@ -334,10 +337,14 @@ class VectorCoupling(_LocalStage):
         n = min(lin, lout)
         numpy.multiply(1j * g[:n], other[:n], out=result[:n])
         result[n:] = 0
-        for coef, shift in ((delta, 0), (alpha, 1), (beta, -1)):
+        self._add_diagonal(result[:n], same[:n], delta[:n], sign)
+        scratch = self._scratch(result)
+        for coef, shift in ((alpha, 1), (beta, -1)):
             lo, hi = max(0, -shift), min(lout, lin - shift)  # l with 0 <= l + shift < lin
             if hi > lo:
-                result[lo:hi] += (sign * coef[lo:hi]) * same[lo + shift:hi + shift]
+                part = scratch[lo:hi]
+                numpy.multiply(sign * coef[lo:hi], same[lo + shift:hi + shift], out=part)
+                result[lo:hi] += part
 
     def _transpose(self, s, t, result, alpha, beta, delta, g, sign):
         """The adjoint of :meth:`_couple`: ``result_k = sign (alpha_{k-1} s_{k-1} + beta_{k+1} s_{k+1} +
@@ -346,10 +353,25 @@ class VectorCoupling(_LocalStage):
         n = min(lin, lout)
         numpy.multiply(-1j * g[:n], t[:n], out=result[:n])
         result[n:] = 0
-        for coef, shift in ((delta, 0), (alpha, 1), (beta, -1)):
+        self._add_diagonal(result[:n], s[:n], delta[:n], sign)
+        scratch = self._scratch(result)
+        for coef, shift in ((alpha, 1), (beta, -1)):
             lo, hi = max(0, -shift), min(lout, lin - shift)  # output degree l feeds input degree l + shift
             if hi > lo:
-                result[lo + shift:hi + shift] += (sign * coef[lo:hi]) * s[lo:hi]
+                part = scratch[lo:hi]
+                numpy.multiply(sign * coef[lo:hi], s[lo:hi], out=part)
+                result[lo + shift:hi + shift] += part
+
+    def _add_diagonal(self, result, same, delta, sign):
+        """``result += sign delta same``, on the orders where ``delta`` is not zero (``m = 0`` only)."""
+        columns = self._delta_columns
+        if columns.stop > columns.start:
+            result[:, columns] += (sign * delta[:, columns]) * same[:, columns]
+
+    def _scratch(self, like):
+        """A reused ``(L, m_loc, B)`` buffer for the products (the backend's array type, ``like``'s device)."""
+        shape = (max(self.lin, self.lout),) + tuple(like.shape[1:])
+        return self._workspace.scratch("coupling", like, math.prod(shape), like.dtype).reshape(shape)
 
 
 class Pipeline:
