@@ -20,6 +20,7 @@ from .primitives import (
     GatherFromCopyTo,
 )
 from .halo import HaloExchange, HaloReduce, latitude_support_band, polar_halo_radius
+from .interpolation import PointInterpolation
 from .quadrature import latitudes, truncate_sht
 from .sht import (calculus, DistributedRealSHT, DistributedInverseRealSHT, DistributedRealVectorSHT,
                   DistributedInverseRealVectorSHT)
@@ -56,6 +57,7 @@ __all__ = [
     "latitudes",
     "latitude_support_band",
     "polar_halo_radius",
+    "PointInterpolation",
     "truncate_sht",
     "DistributedRealSHT",
     "DistributedInverseRealSHT",

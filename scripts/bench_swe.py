@@ -9,7 +9,10 @@ Galewsky's jet on a Gauss grid (default 256 x 512, T255): three scalar
 inverse transforms and one inverse vector transform to the grid, the
 products, two forward vector transforms (one call) and one forward scalar
 transform back. Each figure is the median over repetitions of the slowest
-rank's time (barrier-aligned).
+rank's time (barrier-aligned). Then the tangent-linear and adjoint models
+over ``--tl-steps`` steps (``ShallowWaterSolver.linearize``), per step and
+as a ratio to the nonlinear step of the same run, and ``linearize`` itself
+(the nonlinear run that stores the trajectory).
 
 The breakdown times, on every rank, each stage of every transform while the
 steps run (the stages of one call run in sequence, so their times add up):
@@ -106,6 +109,16 @@ def bench_grid(grid, args):
     step = lambda: swe.timestep(uspec, 1)  # noqa: E731
     median, low, high = measure(grid.cart, step, args.repeats, args.warmup)
 
+    # tangent-linear and adjoint steps, over a trajectory of tl_steps steps (per step)
+    n = args.tl_steps
+    model = swe.linearize(uspec, n)
+    du = 1e-3 * uspec
+    tlad = {}
+    for label, fn in (("linearize (nonlinear + trajectory)", lambda: swe.linearize(uspec, n)),
+                      ("tangent-linear", lambda: model.forward(du)), ("adjoint", lambda: model.adjoint(du))):
+        m, lo, hi = measure(grid.cart, fn, max(3, args.repeats // 3), 1)
+        tlad[label] = (m / n, lo / n, hi / n)
+
     clock = StageClock()
     calls = instrument(swe, clock)
     grid.cart.Barrier()
@@ -125,12 +138,16 @@ def bench_grid(grid, args):
     row = {"grid": name, "step_median_ms": median, "step_min_ms": low, "step_max_ms": high,
            "breakdown_mean_ms": dict(zip(CATEGORIES, mean[:-1].tolist())),
            "breakdown_max_ms": dict(zip(CATEGORIES, largest[:-1].tolist())),
-           "instrumented_step_mean_ms": float(mean[-1])}
+           "instrumented_step_mean_ms": float(mean[-1]),
+           "per_step_ms": {label: {"median": v[0], "min": v[1], "max": v[2]} for label, v in tlad.items()}}
     if grid.rank == 0:
         print(f"{name:>4} step {median:8.1f} ms [{low:7.1f}..{high:7.1f}]  ({args.nlat} x {args.nlon} Gauss, "
               f"lmax = {swe.lmax}; instrumented run {mean[-1]:.1f} ms/step)", flush=True)
         for category, m, x in zip(CATEGORIES, mean, largest):
             print(f"       {category:30s} {m:8.1f} ms  ({100 * m / mean[-1]:4.1f}%; largest rank {x:.1f} ms)")
+        for label, (m, lo, hi) in tlad.items():
+            print(f"     {label:36s} {m:8.1f} ms a step [{lo:7.1f}..{hi:7.1f}]  {m / median:.2f}x the nonlinear "
+                  f"step ({n} steps)")
     return row
 
 
@@ -141,6 +158,7 @@ def main(argv=None):
     parser.add_argument("--dt", type=float, default=60.0)
     parser.add_argument("--grids", default=None, help="comma-separated PxA (default: by the number of ranks)")
     parser.add_argument("--repeats", type=int, default=11)
+    parser.add_argument("--tl-steps", type=int, default=10, help="steps of the tangent-linear and adjoint runs")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)

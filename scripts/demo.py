@@ -61,10 +61,11 @@ def zonal(l, theta):
 MODES = [(2, 0, 1.0), (10, 0, -0.4), (5, 5, 0.5 - 0.3j), (40, 40, 0.2 + 0.1j), (30, 29, -0.3j), (90, 89, 0.05)]
 
 
-def analytic_field(theta, phi):
+def analytic_field(theta, phi, lmax):
+    """The sum of the MODES below degree ``lmax`` on the grid, and their coefficients."""
     field = numpy.zeros((len(theta), len(phi)))
     coeffs = {}
-    for l, m, c in MODES:
+    for l, m, c in (mode for mode in MODES if mode[0] < lmax):
         radial = zonal(l, theta) if m == 0 else sectoral(l, m, theta)
         wave = numpy.exp(1j * m * phi)
         term = (c * radial[:, None] * wave[None, :]).real
@@ -101,7 +102,7 @@ def sht_checks(grid, args, xp):
 
     theta, _ = latitudes(nlat, "equiangular")
     phi = 2 * math.pi * numpy.arange(nlon) / nlon
-    waves, analytic = analytic_field(theta, phi)
+    waves, analytic = analytic_field(theta, phi, lmax)
     lat, lon = grid.local_slices(nlat, nlon)
     waves_tile = xp.asarray(waves[lat, lon])
     # the jet, band-limited to the transform's truncation so that the round trip is exact

@@ -29,6 +29,7 @@ import numpy
 from mpi4py import MPI
 
 from ..sht import calculus
+from .tangent_linear import TangentLinearModel, adams_bashforth
 from ..quadrature import latitudes
 from ..sht import (DistributedInverseRealSHT, DistributedInverseRealVectorSHT, DistributedRealSHT,
                    DistributedRealVectorSHT)
@@ -159,33 +160,62 @@ class ShallowWaterSolver:
         ``d phi/dt = -div(phi v)``, ``d zeta/dt = -div((zeta + f) v)``,
         ``d delta/dt = curl((zeta + f) v) - lap(phi + |v|^2 / 2)``.
         """
-        ugrid = self.spec2grid(uspec)            # phi, zeta, delta on the grid
+        return self._tendency(uspec)[0]
+
+    def _tendency(self, uspec):
+        """The tendency and the grid fields it was computed from: ``(dudtspec, (4, h, w))``.
+
+        The fields (geopotential, absolute vorticity, ``u``, ``v``) are the
+        trajectory the tangent-linear model is linearised about.
+        """
+        ugrid = self.spec2grid(uspec[:2])        # phi, zeta on the grid (the divergence is not needed there)
         uvgrid = self.getuv(uspec[1:])           # u, v
-        fluxes = numpy.stack([uvgrid * (ugrid[1] + self.coriolis), uvgrid * ugrid[0]])
+        absvort = ugrid[1] + self.coriolis
+        fluxes = numpy.stack([uvgrid * absvort, uvgrid * ugrid[0]])
         tmpspec = self.vrtdivspec(fluxes)        # curl and divergence of both fluxes, one transform
         energy = self.grid2spec(ugrid[0] + 0.5 * (uvgrid[0] ** 2 + uvgrid[1] ** 2))
         dudtspec = numpy.empty_like(uspec)
         dudtspec[0] = -tmpspec[1, 1]
         dudtspec[1] = -tmpspec[0, 1]
         dudtspec[2] = tmpspec[0, 0] - self.lap * energy
-        return dudtspec
+        return dudtspec, numpy.stack([ugrid[0], absvort, uvgrid[0], uvgrid[1]])
 
     def timestep(self, uspec, nsteps):
-        """Integrate ``nsteps`` steps: Adams-Bashforth 3 (started by Euler and AB2), implicit hyperdiffusion."""
-        dudtspec = numpy.zeros((3,) + uspec.shape, dtype=uspec.dtype)
-        inew, inow, iold = 0, 1, 2
-        for step in range(nsteps):
-            dudtspec[inew] = self.dudtspec(uspec)
-            if step == 0:
-                dudtspec[inow] = dudtspec[inew]
-                dudtspec[iold] = dudtspec[inew]
-            elif step == 1:
-                dudtspec[iold] = dudtspec[inew]
-            uspec = uspec + self.dt * ((23.0 / 12.0) * dudtspec[inew] - (16.0 / 12.0) * dudtspec[inow]
-                                       + (5.0 / 12.0) * dudtspec[iold])
+        """Integrate ``nsteps`` steps: Adams-Bashforth 3 (started as torch-harmonics starts it), hyperdiffusion.
+
+        See :func:`~mpisphere.examples.tangent_linear.adams_bashforth` for the
+        weights of each step; the hyperdiffusion is implicit, on vorticity and
+        divergence.
+        """
+        return self._integrate(uspec, nsteps, None)
+
+    def _integrate(self, uspec, nsteps, trajectory):
+        tendencies = {}
+        for n in range(nsteps):
+            tendencies[n], fields = self._tendency(uspec)
+            if trajectory is not None:
+                trajectory.append(fields)
+            increment = sum(weight * tendencies[n - lag] for lag, weight in adams_bashforth(n))
+            uspec = uspec + self.dt * increment
             uspec[1:] = self.hyperdiff * uspec[1:]
-            inew, inow, iold = (inew - 1) % 3, (inow - 1) % 3, (iold - 1) % 3
+            tendencies.pop(n - 2, None)
         return uspec
+
+    def linearize(self, uspec, nsteps):
+        """The tangent-linear model along ``timestep(uspec, nsteps)``, with its adjoint: a LinearOperator.
+
+        Runs the nonlinear model once, storing its trajectory (four tile
+        fields per step, ``32 h w`` bytes per step on each rank). The
+        returned :class:`~mpisphere.examples.tangent_linear.TangentLinearModel`
+        ``M`` maps a perturbation of this rank's block ``(..., 3, l_loc,
+        m_loc)`` at the start to the perturbation after ``nsteps`` steps
+        (``M.forward``), and back (``M.adjoint``, the gradient of ``<M du,
+        au>`` with respect to ``du``); ``M.final_state`` is the nonlinear
+        model's state at the end. Collective over ``grid.cart``.
+        """
+        trajectory = []
+        final = self._integrate(uspec, nsteps, trajectory)
+        return TangentLinearModel(self, trajectory, final)
 
     # --- initial conditions ----------------------------------------------------------------------
 

@@ -1,0 +1,54 @@
+"""The scripts users run (demo, 4D-Var, benchmarks) run to the end at small sizes, under mpiexec (serial tests).
+
+They are launched as users launch them, with a timeout each, so a script
+that stops working, or hangs, fails here rather than in a user's hands.
+Nothing is timed.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from _harness import mpiexec_command
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = ROOT / "scripts"
+
+
+def launch(ranks, script, *args, cwd, timeout=240):
+    command = mpiexec_command() + ["-n", str(ranks), sys.executable, "-m", "mpi4py", str(SCRIPTS / script), *args]
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MPLBACKEND="Agg")
+    try:
+        done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"{script} {' '.join(args)} on {ranks} ranks did not finish in {timeout} s:\n{exc.stdout}")
+    assert done.returncode == 0, f"{script} exited with {done.returncode}:\n{done.stdout}\n{done.stderr[-3000:]}"
+    return done.stdout
+
+
+def test_demo_runs_the_model_and_the_checks(tmp_path):
+    out = launch(2, "demo.py", "--nlat", "32", "--nlon", "64", "--dt", "400", "--days", "1", "--check",
+                 "--check-nlat", "33", "--check-nlon", "64", "--repeats", "1", cwd=tmp_path)
+    assert "after 1 days: mass changed by" in out
+    assert "round trip" in out and "dot tests" in out
+
+
+def test_fourdvar_lowers_the_error(tmp_path):
+    out = launch(3, "fourdvar.py", "--nlat", "32", "--nlon", "64", "--dt", "360", "--spinup", "2", "--hours", "2",
+                 "--obs", "150", "--iterations", "12", cwd=tmp_path)
+    assert "analysis / background error at the start" in out, out
+    # the script itself exits 1 unless the analysis is 25% closer to the truth than the background
+
+
+@pytest.mark.parametrize("script, args", [
+    ("bench_sht.py", ["--nlat", "33", "--nlon", "64", "--batch", "2", "--repeats", "1", "--warmup", "0",
+                      "--vector", "--no-ducc0"]),
+    ("bench_swe.py", ["--nlat", "32", "--nlon", "64", "--repeats", "1", "--warmup", "0", "--tl-steps", "2"]),
+    ("bench_primitives.py", ["--nlat", "33", "--nlon", "64", "--batch", "2", "--repeats", "1", "--warmup", "0"]),
+])
+def test_benchmarks_run(tmp_path, script, args):
+    out = launch(2, script, *args, cwd=tmp_path)
+    assert "1x2" in out and "2x1" in out
