@@ -8,6 +8,16 @@ A tile ``(..., h, w)`` is padded to ``(..., h + 2*rows, w + 2*cols)``:
   one-rank ring the halo comes from the rank's own tile);
 * the four corner blocks from the diagonal neighbours (zeros past the poles).
 
+With ``poles="across"`` the rows past a pole are not zeros but the field
+continued across it: the row at distance ``k`` beyond the pole is the row at
+distance ``k`` inside it, half way round (longitude + 180 degrees), times a
+sign per field (``signs``: -1 for the components of a vector, which turn
+round as they cross the pole). Those rows belong to the ranks of the first
+(last) polar row that hold the opposite longitudes: the ranks of that polar
+row gather the ``rows`` rows nearest the pole over ``grid.azimuth``
+(``Allgatherv``; the adjoint sums them back with ``Reduce_scatter``), and a
+call agrees over the whole grid rather than with the neighbours only.
+
 The exchange runs in two phases on the Cartesian neighbours, never a
 collective over the grid: first the columns of the interior rows along the
 azimuth ring, then full padded-width rows along the polar axis, which carries
@@ -50,9 +60,10 @@ from mpi4py import MPI
 
 from . import backend, collectives, dtypes
 from .settings import config
-from .operators import (ADJOINT, DISTRIBUTED, FORWARD, Context, InputError, Layout, LinearOperator, Spec,
+from .operators import (ADJOINT, DISTRIBUTED, FORWARD, Context, InputError, Layout, LinearOperator, Spec, agree,
                         call_description, check_out, digest)
 from .partition import check_int, split_sizes
+from .primitives import GatherFromCopyTo
 
 __all__ = ["HaloExchange", "HaloReduce", "latitude_support_band", "polar_halo_radius"]
 
@@ -109,6 +120,15 @@ class HaloExchange(LinearOperator):
     :meth:`update` and :meth:`accumulate` do the same in place on a padded
     array, for codes that keep ghost cells inside their fields.
 
+    poles : {"zero", "across"}, keyword-only
+        What lies past the poles: zeros (default, as torch-harmonics), or the
+        field continued across the pole (see the module notes; needs
+        ``extents`` and an even ``nlon``).
+    signs : sequence of +1 / -1, keyword-only
+        With ``poles="across"``: the factor for each entry of the input's
+        axis ``-3`` (the fields) as it crosses a pole, e.g. ``(1, -1, -1)``
+        for ``(h, u, v)``. Default: +1 for every field.
+
     Raises
     ------
     ValueError
@@ -118,11 +138,19 @@ class HaloExchange(LinearOperator):
 
     _label = "HaloExchange"
 
-    def __init__(self, grid, rows, cols=0, *, extents=None):
+    def __init__(self, grid, rows, cols=0, *, extents=None, poles="zero", signs=None):
         _check_grid(grid, self._label)
         self.grid = grid
         self.rows = check_int(rows, "rows", self._label, minimum=0)
         self.cols = check_int(cols, "cols", self._label, minimum=0)
+        if poles not in ("zero", "across"):
+            raise ValueError(f"{self._label}: poles must be 'zero' or 'across', got {poles!r}")
+        self.poles = poles
+        self.signs = None if signs is None else numpy.asarray(signs, dtype=numpy.float64).reshape(-1)
+        if self.signs is not None and not numpy.all(numpy.abs(self.signs) == 1):
+            raise ValueError(f"{self._label}: signs must be +1 or -1 for each field, got {list(signs)}")
+        if self.signs is not None and poles != "across":
+            raise ValueError(f"{self._label}: signs apply across the poles; pass poles='across' with them")
         self.domain = Layout(DISTRIBUTED, grid.cart)
         self.range = Layout(DISTRIBUTED, grid.cart)
         self._comm = grid.cart
@@ -139,9 +167,31 @@ class HaloExchange(LinearOperator):
                 raise ValueError(f"{self._label}: {error}")
             self.extents = (nlat, nlon)
             self.tile = grid.local_shape(nlat, nlon)
+        self._across = poles == "across" and self.rows > 0
+        if self._across:
+            self._prepare_across()
         self._workspace = backend.Workspace()
         self._plans = {}
         self._neighbours = self._find_neighbours()
+
+    def _prepare_across(self):
+        """Checks and index arrays of ``poles="across"`` (identical on every rank: no message yet)."""
+        if self.extents is None:
+            raise ValueError(f"{self._label}: poles='across' needs extents=(nlat, nlon): the rows past a pole "
+                             "come from the opposite longitudes, which only the global grid locates")
+        nlat, nlon = self.extents
+        if nlon % 2:
+            raise ValueError(f"{self._label}: poles='across' needs an even nlon (the longitude half way round "
+                             f"must be a grid column), got nlon={nlon}")
+        sizes = self.grid.lat_sizes(nlat)
+        if self.rows > min(sizes[0], sizes[-1]):
+            raise ValueError(f"{self._label}: poles='across' takes the {self.rows} rows nearest each pole from the "
+                             f"first and last polar tiles, which have {sizes[0]} and {sizes[-1]} rows "
+                             f"(nlat={nlat} split as {sizes}); use fewer halo rows or fewer polar ranks")
+        _, lon = self.grid.local_slices(nlat, nlon)
+        # global columns of the padded tile, moved half way round
+        self._opposite = (numpy.arange(lon.start - self.cols, lon.stop + self.cols) + nlon // 2) % nlon
+        self._band = GatherFromCopyTo(self.grid.azimuth, -1, nlon)
 
     @property
     def name(self):
@@ -156,7 +206,9 @@ class HaloExchange(LinearOperator):
         return None
 
     def _describe(self):
-        return f"{self._label}(rows={self.rows}, cols={self.cols}, extents={self.extents})"
+        across = "" if self.poles == "zero" else \
+            f", poles='across', signs={None if self.signs is None else self.signs.astype(int).tolist()}"
+        return f"{self._label}(rows={self.rows}, cols={self.cols}, extents={self.extents}{across})"
 
     def _width_error(self, min_h, min_w, lat_detail, lon_detail, whose):
         if self.grid.npolar > 1 and self.rows > min_h:
@@ -215,6 +267,9 @@ class HaloExchange(LinearOperator):
                                     "this rank's")
         if message is not None:
             raise InputError(message)
+        if self._across and self.signs is not None and (len(spec.shape) < 3 or spec.shape[-3] != self.signs.size):
+            raise InputError(f"signs has {self.signs.size} entries, one per field on axis -3, but the input has "
+                             f"shape {spec.shape}")
         return tile
 
     def _output(self, direction, spec):
@@ -270,9 +325,15 @@ class HaloExchange(LinearOperator):
             raise RuntimeError(f"{who}: another thread is running an mpisphere operation on the same grid now; give "
                                "each thread its own grid: grid.dup()")
         try:
-            pairs, failure = self._agree(who, label, error, spec, tile)
+            if self._across:  # it talks to a whole polar row: agree over the grid, every rank raises alike
+                description = "(input not understood)" if spec is None else spec.describe((-2, -1))
+                context = agree(self.grid.cart, who, error, description, spec, f"{self._describe()} {label}")
+                pairs, failure = set(self._neighbours), None
+            else:
+                pairs, failure = self._agree(who, label, error, spec, tile)
+                context = Context.local(spec)
             if error is None:
-                out = self._exchange(label, x, out, result, tile, pairs, Context.local(spec))
+                out = self._exchange(label, x, out, result, tile, pairs, context)
             if failure is not None:
                 raise failure()
             return out
@@ -289,10 +350,12 @@ class HaloExchange(LinearOperator):
                     out = backend.array_module(x).empty(result.shape, result.dtype)
             out[..., r:r + h, c:c + w] = x
             self._gather(out, h, w, pairs, context)
+            self._across_forward(out, h, w, context)
             return out
         if label == ADJOINT:
             work = self._workspace.scratch("adjoint", x, x.size).reshape(x.shape)
             work[...] = x
+            self._across_adjoint(work, h, w, context)
             self._scatter_add(work, h, w, pairs, context)
             if out is None:
                 with backend.device_of(x):
@@ -301,7 +364,9 @@ class HaloExchange(LinearOperator):
             return out
         if _GATHER[label]:
             self._gather(x, h, w, pairs, context)
+            self._across_forward(x, h, w, context)
         else:
+            self._across_adjoint(x, h, w, context)
             self._scatter_add(x, h, w, pairs, context)
         return x
 
@@ -314,11 +379,72 @@ class HaloExchange(LinearOperator):
             out[...] = 0
             out[..., r:r + h, c:c + w] = x
             self._gather(out, h, w, pairs, context)
+            self._across_forward(out, h, w, context)
         else:
             work = self._workspace.scratch("adjoint", x, x.size).reshape(x.shape)
             work[...] = x
+            self._across_adjoint(work, h, w, context)
             self._scatter_add(work, h, w, pairs, context)
             out[...] = work[..., r:r + h, c:c + w]
+
+    # --- across the poles -------------------------------------------------------------------
+
+    def _pole_rows(self, h):
+        """``[(halo rows, nearest rows)]`` in padded coordinates, for the poles this rank's tiles touch."""
+        r, g = self.rows, self.grid
+        found = []
+        if g.polar_rank == 0:
+            found.append((slice(0, r), slice(r, 2 * r)))
+        if g.polar_rank == g.npolar - 1:
+            found.append((slice(r + h, 2 * r + h), slice(h, h + r)))
+        return found
+
+    def _signs(self, P):
+        if self.signs is None:
+            return 1
+        xp = backend.array_module(P)
+        return xp.asarray(self.signs, dtype=P.dtype).reshape(-1, 1, 1)
+
+    def _across_forward(self, P, h, w, context):
+        """Fill the rows past the poles from the rows nearest them, half way round (after the neighbours' phase)."""
+        if not self._across:
+            return
+        poles = self._pole_rows(h)
+        if not poles:
+            return
+        xp, c = backend.array_module(P), self.cols
+        band = xp.stack([P[..., near, c:c + w] for _, near in poles], axis=-3)   # (..., poles, r, w)
+        whole = xp.empty(band.shape[:-1] + (self.extents[1],), dtype=P.dtype)
+        self._band._run(FORWARD, band, whole, context)                          # (..., poles, r, nlon)
+        opposite = xp.asarray(self._opposite)
+        signs = self._signs(P)
+        for k, (halo, _) in enumerate(poles):
+            # halo row i lies as far past the pole as row r - 1 - i of the band lies inside it
+            P[..., halo, :] = signs * xp.take(whole[..., k, ::-1, :], opposite, axis=-1)
+
+    def _across_adjoint(self, P, h, w, context):
+        """The adjoint of :meth:`_across_forward`: the rows past the poles go home and are added; zeroed."""
+        if not self._across:
+            return
+        poles = self._pole_rows(h)
+        if not poles:
+            return
+        xp, c, nlon = backend.array_module(P), self.cols, self.extents[1]
+        whole = xp.zeros(P.shape[:-2] + (len(poles), self.rows, nlon), dtype=P.dtype)
+        signs = self._signs(P)
+        for k, (halo, _) in enumerate(poles):
+            values = (signs * P[..., halo, :])[..., ::-1, :]
+            target = whole[..., k, :, :]
+            # the opposite columns run in at most a few unbroken stretches (they wrap round at nlon)
+            breaks = numpy.flatnonzero(numpy.diff(self._opposite) != 1) + 1
+            for a, b in zip(numpy.r_[0, breaks], numpy.r_[breaks, self._opposite.size]):
+                start = int(self._opposite[a])
+                target[..., start:start + (b - a)] += values[..., a:b]
+            P[..., halo, :] = 0
+        band = xp.empty(whole.shape[:-1] + (w,), dtype=P.dtype)
+        self._band._run(ADJOINT, whole, band, context)
+        for k, (_, near) in enumerate(poles):
+            P[..., near, c:c + w] += band[..., k, :, :]
 
     # --- agreement with the neighbours --------------------------------------------------
 
@@ -475,8 +601,8 @@ class HaloReduce(LinearOperator):
     :class:`HaloExchange`; ``.H`` is that exchange.
     """
 
-    def __init__(self, grid, rows, cols=0, *, extents=None):
-        self.op = _NamedHaloExchange(grid, rows, cols, extents=extents)
+    def __init__(self, grid, rows, cols=0, *, extents=None, poles="zero", signs=None):
+        self.op = _NamedHaloExchange(grid, rows, cols, extents=extents, poles=poles, signs=signs)
         self.domain, self.range = self.op.range, self.op.domain
         self._comm = self.op._comm
 

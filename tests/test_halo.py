@@ -301,3 +301,68 @@ def test_ranks_far_from_a_mistake_exchange_nothing_with_it_and_return_correct_ha
             op.forward(x[:1] if bad else x)
     else:
         numpy.testing.assert_array_equal(op.forward(x), expected_tile(grid, field, 0, 1))
+
+
+# --- across the poles ------------------------------------------------------------------------
+
+def across_reference(field, rows, cols, signs):
+    """The global field continued across the poles: row -1-k is row k half way round, times the field's sign."""
+    nlat, nlon = field.shape[-2:]
+    out = padded_reference(field, rows, cols)
+    columns = ((numpy.arange(nlon + 2 * cols) - cols) + nlon // 2) % nlon
+    s = numpy.asarray(signs, dtype=float).reshape(-1, 1)  # per field, over the columns of one row
+    for k in range(rows):
+        out[..., rows - 1 - k, :] = s * field[..., k, columns]
+        out[..., rows + nlat + k, :] = s * field[..., nlat - 1 - k, columns]
+    return out
+
+
+ACROSS_NLON = 12  # even: the opposite longitude is a grid column; uneven on 5 azimuth ranks
+
+
+@pytest.mark.parametrize("rows, cols", [(1, 0), (2, 2), (3, 1)])
+def test_across_the_poles_matches_the_continued_global_field(grid, rng, rows, cols):
+    field = rng.standard_normal((2, 3, NLAT, ACROSS_NLON))
+    signs = (1, -1, -1)  # (h, u, v): vector components turn round at the pole
+    op = HaloExchange(grid, rows, cols, extents=(NLAT, ACROSS_NLON), poles="across", signs=signs)
+    lat, lon = grid.local_slices(NLAT, ACROSS_NLON)
+    got = op.forward(field[..., lat, lon].copy())
+    want = across_reference(field, rows, cols, signs)[..., lat.start:lat.stop + 2 * rows,
+                                                         lon.start:lon.stop + 2 * cols]
+    numpy.testing.assert_array_equal(got, want)
+    # in place, on an array that keeps its ghost cells
+    padded = numpy.zeros_like(got)
+    padded[..., rows:rows + lat.stop - lat.start, cols:cols + lon.stop - lon.start] = field[..., lat, lon]
+    numpy.testing.assert_array_equal(op.update(padded), want)
+
+
+@pytest.mark.parametrize("rows, cols", [(1, 0), (2, 2), (3, 1)])
+@pytest.mark.parametrize("dtype", [numpy.float64, numpy.complex128])
+def test_across_the_poles_dottest(grid, rows, cols, dtype):
+    op = HaloExchange(grid, rows, cols, extents=(NLAT, ACROSS_NLON), poles="across", signs=(1, -1))
+    h, w = grid.local_shape(NLAT, ACROSS_NLON)
+    local = rank_rng(grid.cart)
+    x = random_array(local, (4, 2, h, w), dtype)
+    y = random_array(local, (4, 2, h + 2 * rows, w + 2 * cols), dtype)
+    assert dottest(op, x, y, rtol=1e-13) <= 1e-13
+    reduce = HaloReduce(grid, rows, cols, extents=(NLAT, ACROSS_NLON), poles="across", signs=(1, -1))
+    numpy.testing.assert_array_equal(reduce.forward(y), op.adjoint(y))
+    padded = y.copy()
+    numpy.testing.assert_allclose(op.accumulate(padded)[..., rows:rows + h, cols:cols + w], op.adjoint(y),
+                                  rtol=1e-15, atol=1e-15)
+
+
+def test_across_the_poles_refuses_what_it_cannot_do(grid):
+    with pytest.raises(ValueError, match="needs an even nlon"):
+        HaloExchange(grid, 1, 1, extents=(NLAT, 11), poles="across")
+    with pytest.raises(ValueError, match="needs extents"):
+        HaloExchange(grid, 1, 1, poles="across")
+    with pytest.raises(ValueError, match="poles must be 'zero' or 'across'"):
+        HaloExchange(grid, 1, 1, extents=(NLAT, ACROSS_NLON), poles="mirror")
+    with pytest.raises(ValueError, match="signs apply across the poles"):
+        HaloExchange(grid, 1, 1, extents=(NLAT, ACROSS_NLON), signs=(1, -1))
+    op = HaloExchange(grid, 1, 1, extents=(NLAT, ACROSS_NLON), poles="across", signs=(1, -1))
+    h, w = grid.local_shape(NLAT, ACROSS_NLON)
+    fields = 3 if grid.rank == 0 else 2  # one rank passes three fields for two signs: every rank raises
+    with pytest.raises(ValueError, match=f"rank 0 of {grid.size}: signs has 2 entries"):
+        op.forward(numpy.zeros((fields, h, w)))

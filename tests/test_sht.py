@@ -184,6 +184,26 @@ def test_every_grid_equals_the_single_rank_result(grid, rng):
     numpy.testing.assert_allclose(x_full, x_serial, rtol=0, atol=1e-12 * abs(x_serial).max())
 
 
+def test_block_indices_and_gathering_a_coefficient_block(grid, rng):
+    """local_degrees/local_orders index the whole array; grid.gather assembles blocks as it does tiles."""
+    nlat, nlon = 25, 48
+    field = rng.standard_normal((2, nlat, nlon))
+    with ProcessGrid(MPI.COMM_SELF) as serial:
+        whole = DistributedRealSHT(serial, nlat, nlon, quadrature="legendre-gauss").forward(field)
+    sht = DistributedRealSHT(grid, nlat, nlon, quadrature="legendre-gauss")
+    c = sht.forward(tile(field, grid))
+    own = whole[:, sht.local_degrees][:, :, sht.local_orders]
+    numpy.testing.assert_allclose(c, own, rtol=0, atol=1e-12 * abs(whole).max())
+    gathered = grid.gather(c)
+    if grid.rank == 0:
+        numpy.testing.assert_allclose(gathered, whole, rtol=0, atol=1e-12 * abs(whole).max())
+    lat, lon = grid.local_slices(nlat, nlon)
+    theta, _ = latitudes(nlat, "legendre-gauss")
+    numpy.testing.assert_array_equal(sht.local_colatitudes, theta[lat])
+    numpy.testing.assert_allclose(sht.local_longitudes, 2 * math.pi * numpy.arange(nlon)[lon] / nlon, rtol=0,
+                                  atol=1e-15)
+
+
 # --- adjoints ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("quadrature", QUADRATURES)
