@@ -3,66 +3,68 @@
 Communication operators with exact adjoints (transposes, gathers,
 reductions, halo exchanges) on NumPy or CuPy buffers, and a distributed
 spherical harmonic transform built from them. See README.md for a tour.
+
+Importing the package is cheap and starts nothing: each public name loads
+its module on first use (PEP 562), so ``import mpisphere.testing`` (the
+pytest plugin) does not import ``mpi4py.MPI``, which would initialise MPI in
+the process that launches ``mpiexec``.
 """
 
-from .settings import config
-from .partition import split_sizes, split_offsets, split_along, flatten_leading, unflatten_leading
-from .grid import ProcessGrid
-from .operators import LinearOperator, Layout, Identity, Diagonal, dottest, inner, DISTRIBUTED, REPLICATED
-from .primitives import (
-    Transpose,
-    Exchange,
-    CopyTo,
-    ReduceFrom,
-    ScatterTo,
-    GatherFrom,
-    ReduceScatter,
-    GatherFromCopyTo,
-)
-from .halo import HaloExchange, HaloReduce, latitude_support_band, polar_halo_radius
-from .interpolation import PointInterpolation
-from .quadrature import latitudes, truncate_sht
-from .sht import (calculus, DistributedRealSHT, DistributedInverseRealSHT, DistributedRealVectorSHT,
-                  DistributedInverseRealVectorSHT)
-from .backend import select_device
+import importlib
 
 __version__ = "0.2.0"
 
-__all__ = [
-    "config",
-    "split_sizes",
-    "split_offsets",
-    "split_along",
-    "flatten_leading",
-    "unflatten_leading",
-    "ProcessGrid",
-    "LinearOperator",
-    "Layout",
-    "Identity",
-    "Diagonal",
-    "dottest",
-    "inner",
-    "DISTRIBUTED",
-    "REPLICATED",
-    "Transpose",
-    "Exchange",
-    "CopyTo",
-    "ReduceFrom",
-    "ScatterTo",
-    "GatherFrom",
-    "ReduceScatter",
-    "GatherFromCopyTo",
-    "HaloExchange",
-    "HaloReduce",
-    "latitudes",
-    "latitude_support_band",
-    "polar_halo_radius",
-    "PointInterpolation",
-    "truncate_sht",
-    "DistributedRealSHT",
-    "DistributedInverseRealSHT",
-    "DistributedRealVectorSHT",
-    "calculus",
-    "DistributedInverseRealVectorSHT",
-    "select_device",
-]
+# public name -> the module (relative to this package) that defines it
+_PUBLIC = {
+    "config": "settings",
+    "split_sizes": "partition",
+    "split_offsets": "partition",
+    "split_along": "partition",
+    "flatten_leading": "partition",
+    "unflatten_leading": "partition",
+    "ProcessGrid": "grid",
+    "LinearOperator": "operators",
+    "Layout": "operators",
+    "Identity": "operators",
+    "Diagonal": "operators",
+    "dottest": "operators",
+    "inner": "operators",
+    "DISTRIBUTED": "operators",
+    "REPLICATED": "operators",
+    "Transpose": "primitives",
+    "Exchange": "primitives",
+    "CopyTo": "primitives",
+    "ReduceFrom": "primitives",
+    "ScatterTo": "primitives",
+    "GatherFrom": "primitives",
+    "ReduceScatter": "primitives",
+    "GatherFromCopyTo": "primitives",
+    "HaloExchange": "halo",
+    "HaloReduce": "halo",
+    "latitudes": "quadrature",
+    "latitude_support_band": "halo",
+    "polar_halo_radius": "halo",
+    "PointInterpolation": "interpolation",
+    "truncate_sht": "quadrature",
+    "DistributedRealSHT": "sht",
+    "DistributedInverseRealSHT": "sht",
+    "DistributedRealVectorSHT": "sht",
+    "calculus": "sht",
+    "DistributedInverseRealVectorSHT": "sht",
+    "select_device": "backend",
+}
+
+__all__ = list(_PUBLIC)
+
+
+def __getattr__(name):
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'mpisphere' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

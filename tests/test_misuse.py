@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-import _harness
+from mpisphere.testing import mpiexec_command
 
 HERE = Path(__file__).parent
 LAUNCH_TIMEOUT = 240
@@ -63,7 +63,7 @@ SIZES = [2, 4]
 @functools.lru_cache(maxsize=None)
 def _launch(size, debug):
     """Run every case under ``mpiexec -n size``: ``({case: [record per rank]}, output)``."""
-    launcher = _harness.mpiexec_command()
+    launcher = mpiexec_command()
     if launcher is None:
         pytest.fail("no mpiexec found: install an MPI runtime (pip install 'mpisphere[mpich]')")
     folder = tempfile.mkdtemp(prefix="mpisphere-misuse-")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from _harness import mpiexec_command
+from mpisphere.testing import mpiexec_command
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "scripts"

@@ -1,4 +1,26 @@
-"""pytest plumbing that runs MPI tests under mpiexec without ever hanging.
+"""mpisphere's pytest plugin: MPI tests under mpiexec that never hang, for mpisphere and for your own code.
+
+Enable it with ``-p mpisphere.testing`` on the command line, ``addopts =
+"-p mpisphere.testing"`` in your pytest configuration, or ``pytest_plugins =
+["mpisphere.testing"]`` in your top ``conftest.py`` (install with
+``pip install 'mpisphere[testing]'``: pytest, pytest-mpi, pytest-timeout).
+Then ``python -m pytest`` runs serial tests in-process and every test marked
+``@pytest.mark.mpi`` (pytest-mpi's marker; ``min_size=`` is honoured) under
+``mpiexec`` at each rank count of ``--mpi-sizes``. A test that takes the
+``grid`` fixture runs once per process-grid shape that fits the launch:
+
+====== =============
+ranks  grids
+====== =============
+1      1x1
+2      1x2, 2x1
+3      1x3, 3x1
+4      2x2
+6      2x3, 3x2
+other  MPI.Compute_dims
+====== =============
+
+The ``comm`` fixture is ``MPI.COMM_WORLD``.
 
 Two roles, chosen by the command line:
 
@@ -44,6 +66,8 @@ from pathlib import Path
 import pytest
 
 DEFAULT_SIZES = "1,2,3,4,6"
+GRID_SHAPES = {1: [(1, 1)], 2: [(1, 2), (2, 1)], 3: [(1, 3), (3, 1)], 4: [(2, 2)], 6: [(2, 3), (3, 2)]}
+PLUGIN = "mpisphere.testing"
 
 
 def add_options(parser):
@@ -121,9 +145,9 @@ class MpiLaunch(pytest.Item):
         if launcher is None:
             raise MpiLaunchFailed(
                 "no mpiexec found: install an MPI runtime (pip install 'mpisphere[mpich]') or set "
-                "MPISPHERE_MPIEXEC to the launcher command (e.g. 'srun --overlap')")
+                "MPISPHERE_MPIEXEC to the launcher command (e.g. 'srun --mpi=pmi2' for the pip MPICH)")
         markexpr = config.option.markexpr
-        cmd = [*launcher, "-n", str(self.nranks), sys.executable, "-m", "pytest", "--with-mpi",
+        cmd = [*launcher, "-n", str(self.nranks), sys.executable, "-m", "pytest", "-p", PLUGIN, "--with-mpi",
                "-q", "--no-header", "--color=no", "-p", "no:cacheprovider", "--timeout=0",
                f"--rootdir={config.rootpath}",
                f"--mpi-test-timeout={config.getoption('--mpi-test-timeout')}",
@@ -141,6 +165,7 @@ class MpiLaunch(pytest.Item):
         for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
             env.setdefault(var, "1")  # BLAS threads fight oversubscribed ranks for the cores
         env["MPISPHERE_TEST_NRANKS"] = str(self.nranks)
+        env["MPISPHERE_TEST_LAUNCHER"] = cmd[0]
         env["PYTHONUNBUFFERED"] = "1"
         timeout = self.config.getoption("--mpi-launch-timeout")
         start = time.monotonic()
@@ -256,10 +281,16 @@ class InnerPlugin:
         expected = os.environ.get("MPISPHERE_TEST_NRANKS")
         if expected is not None and int(expected) != self.size:
             from mpisphere.cuda_aware import mpi_library_path
-            raise pytest.UsageError(
-                f"the launcher started {expected} ranks but MPI reports {self.size}: the mpiexec used "
-                f"does not belong to the MPI library mpi4py loaded ({mpi_library_path()}); "
-                "set MPISPHERE_MPIEXEC to the matching launcher")
+            launcher = os.environ.get("MPISPHERE_TEST_LAUNCHER", "")
+            if Path(launcher).name == "srun":
+                hint = ("srun started each process as its own one-rank world: its PMI plugin does not match the "
+                        f"MPI library mpi4py loaded ({mpi_library_path()}). Use --mpi=pmi2 for the pip mpich "
+                        "package, --mpi=pmix for Open MPI (srun --mpi=list shows what this Slurm offers; "
+                        "SLURM_MPI_TYPE sets the default), e.g. MPISPHERE_MPIEXEC='srun --mpi=pmi2'")
+            else:
+                hint = (f"the mpiexec used does not belong to the MPI library mpi4py loaded ({mpi_library_path()}); "
+                        "set MPISPHERE_MPIEXEC to the matching launcher")
+            raise pytest.UsageError(f"the launcher started {expected} ranks but MPI reports {self.size}: {hint}")
         if self.rank != 0:
             sys.stdout = open(os.devnull, "w")  # the terminal reporter, created next, writes here
 
@@ -311,3 +342,64 @@ class InnerPlugin:
                 self.err.flush()
                 self.MPI.COMM_WORLD.Abort(1)
             time.sleep(0.0005)
+
+
+# --- the plugin's hooks and fixtures ----------------------------------------------
+
+def pytest_addoption(parser):
+    add_options(parser)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config):
+    if config.pluginmanager.has_plugin("mpisphere-inner") or config.pluginmanager.has_plugin("mpisphere-outer"):
+        return
+    if is_inner(config):
+        config.pluginmanager.register(InnerPlugin(config), "mpisphere-inner")
+    else:
+        # The outer process only launches mpiexec: importing mpi4py.MPI must not start
+        # MPI here (a singleton MPI in the parent can make Open MPI refuse a nested launch).
+        import mpi4py
+        mpi4py.rc.initialize = False
+        mpi4py.rc.finalize = False
+        config.pluginmanager.register(OuterPlugin(config), "mpisphere-outer")
+
+
+def world_size(config):
+    if not is_inner(config):
+        return 1
+    from mpi4py import MPI
+    return MPI.COMM_WORLD.Get_size()
+
+
+def grid_shapes(size):
+    """The process-grid shapes the ``grid`` fixture runs at on ``size`` ranks."""
+    if size in GRID_SHAPES:
+        return GRID_SHAPES[size]
+    from mpi4py import MPI
+    return [tuple(MPI.Compute_dims(size, 2))]
+
+
+def pytest_generate_tests(metafunc):
+    if "grid" in metafunc.fixturenames:
+        if metafunc.definition.get_closest_marker("mpi") is None:
+            raise pytest.UsageError(f"{metafunc.definition.nodeid} takes the grid fixture but is not marked mpi")
+        shapes = grid_shapes(world_size(metafunc.config))
+        metafunc.parametrize("grid", shapes, ids=[f"{p}x{a}" for p, a in shapes], indirect=True)
+
+
+@pytest.fixture
+def grid(request):
+    """A ProcessGrid over COMM_WORLD of the parametrised shape, freed afterwards."""
+    from mpisphere import ProcessGrid
+    npolar, nazimuth = request.param
+    g = ProcessGrid(None, npolar, nazimuth)
+    yield g
+    g.free()
+
+
+@pytest.fixture
+def comm():
+    """``MPI.COMM_WORLD``."""
+    from mpi4py import MPI
+    return MPI.COMM_WORLD

@@ -1,0 +1,77 @@
+"""mpisphere.testing as a user meets it: a tiny project of its own, with passing, failing and hanging MPI tests.
+
+Serial tests: each runs ``python -m pytest -p mpisphere.testing`` in a fresh
+folder holding only the user's test file, as a subprocess with a timeout.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+USER_TESTS = '''
+import numpy
+import pytest
+from mpi4py import MPI
+
+import mpisphere
+
+
+@pytest.mark.mpi
+def test_a_field_round_trips_through_the_grid(grid):
+    whole = numpy.arange(6 * 8, dtype=float).reshape(6, 8)
+    tile = grid.scatter(whole if grid.rank == 0 else None)
+    back = grid.gather(tile)
+    if grid.rank == 0:
+        numpy.testing.assert_array_equal(back, whole)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_fails_on_the_last_rank_only(comm):
+    assert comm.Get_rank() != comm.Get_size() - 1, "the last rank disagrees"
+
+
+def test_serial():
+    assert mpisphere.__version__
+'''
+
+HANGING_TEST = '''
+import pytest
+
+
+@pytest.mark.mpi(min_size=2)
+def test_rank_0_waits_for_a_message_that_never_comes(comm):
+    if comm.Get_rank() == 0:
+        comm.recv(source=1, tag=7)
+'''
+
+
+def run_project(tmp_path, source, *args, timeout=300):
+    (tmp_path / "test_user.py").write_text(textwrap.dedent(source))
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    command = [sys.executable, "-m", "pytest", "-p", "mpisphere.testing", "-p", "no:cacheprovider", "--color=no",
+               "--rootdir", str(tmp_path), *args]
+    try:
+        done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"the user's suite hung past {timeout} s:\n{exc.stdout}")
+    return done.returncode, done.stdout + done.stderr
+
+
+def test_a_user_project_runs_its_mpi_tests_on_every_grid_and_reports_a_one_rank_failure(tmp_path):
+    code, out = run_project(tmp_path, USER_TESTS, "--mpi-sizes=1,2,3")
+    assert code == 1, out
+    assert "1 rank(s): 1 passed, 1 skipped" in out, out              # the grid test on 1x1; min_size=2 skips
+    assert "2 rank(s): 1 failed, 2 passed" in out, out               # 1x2, 2x1, and the failing test
+    assert "3 rank(s): 1 failed, 2 passed" in out, out
+    assert "failed on rank(s) [1] of 2" in out and "the last rank disagrees" in out, out
+    assert "failed on rank(s) [2] of 3" in out, out
+
+
+def test_a_hanging_rank_ends_the_launch_instead_of_hanging_the_suite(tmp_path):
+    code, out = run_project(tmp_path, HANGING_TEST, "--mpi-sizes=2", "--mpi-test-timeout=10",
+                            "--mpi-launch-timeout=120")
+    assert code == 1, out
+    assert "MPI launch on 2 rank(s)" in out and "Timeout" in out, out
