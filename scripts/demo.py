@@ -202,7 +202,9 @@ def run_galewsky(grid, args):
         drift_energy = d["energy"] / first["energy"] - 1
         print(f"  after {args.days} days: mass changed by {drift_mass:.1e}, energy by {drift_energy:.1e} "
               f"(relative); {steps_per_day * args.days / (time.perf_counter() - start):.0f} steps a second")
-        if plot_vorticity(vorticity, lats[:, 0], lons[0], args.days, args.png):
+        if not args.png:
+            pass
+        elif plot_vorticity(vorticity, lats[:, 0], lons[0], args.days, args.png):
             print(f"  picture         {args.png}")
         else:
             print("  picture         matplotlib is not installed: pip install 'mpisphere[plot]' (or '.[plot]' in "
@@ -216,7 +218,7 @@ def main(argv=None):
     parser.add_argument("--nlon", type=int, default=128)
     parser.add_argument("--dt", type=float, default=200.0, help="time step, seconds (default 200)")
     parser.add_argument("--days", type=int, default=6)
-    parser.add_argument("--png", default="galewsky_vorticity.png")
+    parser.add_argument("--png", default="galewsky_vorticity.png", help="picture to write ('' for none)")
     parser.add_argument("--check", action="store_true", help="run the transform checks first")
     parser.add_argument("--check-nlat", type=int, default=361)
     parser.add_argument("--check-nlon", type=int, default=720)
