@@ -387,6 +387,8 @@ class ProcessGrid:
         grid is a tile of the ``(lmax, mmax)`` array (degrees split over the
         polar axis, orders over the azimuth axis, in the contiguous layout),
         so ``grid.gather(sht.forward(x))`` is the whole coefficient array.
+        A transform built with ``orders="balanced"`` holds other orders:
+        use its ``gather_coefficients`` (which puts the columns in order).
 
         Parameters
         ----------

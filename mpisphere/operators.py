@@ -98,6 +98,11 @@ class Layout:
         field on the whole grid: its space is ``grid.cart``. Default: the
         space the communicator carries (the communicators of a
         :class:`~mpisphere.ProcessGrid` carry ``grid.cart``), else ``comm``.
+    blocks : str, optional
+        What the local pieces hold, where equal shapes are not enough to
+        say it: the transforms' coefficient blocks carry their order layout
+        (``"orders=contiguous"`` or ``"orders=balanced"``). Two layouts that
+        both name their blocks must name the same; ``None`` matches any.
 
     Notes
     -----
@@ -107,9 +112,9 @@ class Layout:
     the others add zero).
     """
 
-    __slots__ = ("kind", "comm", "space")
+    __slots__ = ("kind", "comm", "space", "blocks")
 
-    def __init__(self, kind, comm, space=None):
+    def __init__(self, kind, comm, space=None, *, blocks=None):
         if kind not in (DISTRIBUTED, REPLICATED):
             raise ValueError(f"Layout kind must be {DISTRIBUTED!r} or {REPLICATED!r}, got {kind!r}")
         if not isinstance(comm, MPI.Comm):
@@ -117,6 +122,7 @@ class Layout:
         self.kind = kind
         self.comm = comm
         self.space = space if space is not None else getattr(comm, "space", None) or comm
+        self.blocks = blocks
 
     def counts_here(self):
         """Whether this rank's local inner product enters the global one (copies count once)."""
@@ -137,12 +143,16 @@ class Layout:
             return "their inner products sum over different ranks"
         if self.kind == REPLICATED and not _same_ranks(self.comm, other.comm):
             return "their arrays are replicated over different ranks"
+        if self.blocks is not None and other.blocks is not None and self.blocks != other.blocks:
+            return f"their blocks hold different entries ({other.blocks} where {self.blocks} is expected)"
         return None
 
     def __repr__(self):
         text = f"Layout({self.kind!r}, {_comm_name(self.comm)}"
         if self.space is not self.comm:
             text += f", space={_comm_name(self.space)}"
+        if self.blocks is not None:
+            text += f", blocks={self.blocks!r}"
         return text + ")"
 
 

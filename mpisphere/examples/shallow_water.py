@@ -55,6 +55,9 @@ class ShallowWaterSolver:
         Sphere radius (m), rotation rate (1/s), gravity (m/s^2), mean depth
         and the height of Galewsky's perturbation (m); the Earth's values by
         default, as in torch-harmonics.
+    orders : {"contiguous", "balanced"}, keyword-only
+        The order layout of the four transforms (and so of the state's
+        blocks): see :class:`~mpisphere.DistributedRealSHT`.
 
     Attributes
     ----------
@@ -78,14 +81,15 @@ class ShallowWaterSolver:
     """
 
     def __init__(self, grid, nlat, nlon, dt, lmax=None, mmax=None, *, quadrature="equiangular",
-                 radius=6.37122e6, omega=7.292e-5, gravity=9.80616, havg=10.0e3, hamp=120.0):
+                 radius=6.37122e6, omega=7.292e-5, gravity=9.80616, havg=10.0e3, hamp=120.0,
+                 orders="contiguous"):
         self.grid = grid
         self.dt = float(dt)
         self.nlat, self.nlon = nlat, nlon
         self.quadrature = quadrature
         self.radius, self.omega, self.gravity = float(radius), float(omega), float(gravity)
         self.havg, self.hamp = float(havg), float(hamp)
-        options = dict(quadrature=quadrature, csphase=False)
+        options = dict(quadrature=quadrature, csphase=False, orders=orders)
         self.sht = DistributedRealSHT(grid, nlat, nlon, lmax, mmax, **options)
         self.isht = DistributedInverseRealSHT(grid, nlat, nlon, lmax, mmax, **options)
         self.vsht = DistributedRealVectorSHT(grid, nlat, nlon, lmax, mmax, **options)

@@ -24,7 +24,7 @@ mean, and the pseudo-inverse (still its own adjoint) on all.
 
 import numpy
 
-from ..operators import DISTRIBUTED, FORWARD, Diagonal, InputError, Layout, LinearOperator
+from ..operators import FORWARD, Diagonal, InputError, LinearOperator
 
 __all__ = [
     "laplacian",
@@ -49,8 +49,7 @@ def _block_diagonal(transform, factors_by_degree):
     if factors.shape != (transform.lmax,):
         raise ValueError(f"expected one factor per degree, shape ({transform.lmax},), got {factors.shape}")
     weights = numpy.broadcast_to(factors[transform.local_degrees][:, None], transform.block_shape).copy()
-    return Diagonal(weights.astype(numpy.empty(0, transform.cdtype).real.dtype),
-                    Layout(DISTRIBUTED, transform.grid.cart))
+    return Diagonal(weights.astype(numpy.empty(0, transform.cdtype).real.dtype), transform.spectral_layout)
 
 
 def _by_degree(transform, fn):
@@ -106,7 +105,7 @@ class _IntoComponent(LinearOperator):
     """``(..., l, m) -> (..., 2, l, m)``: ``scale`` times the input in component ``index``, zeros in the other."""
 
     def __init__(self, transform, index, scale):
-        self.domain = self.range = Layout(DISTRIBUTED, transform.grid.cart)
+        self.domain = self.range = transform.spectral_layout
         self.index, self.scale = index, scale
         self.block = tuple(transform.block_shape)
 

@@ -160,18 +160,43 @@ class FourierStage(_LocalStage):
 
 
 class Truncation(_LocalStage):
-    """Keep the first ``mmax`` of ``half`` orders: ``forward`` a restriction, ``adjoint`` zero padding.
+    """Keep ``mmax`` of ``half`` orders: ``forward`` a restriction, ``adjoint`` zero padding.
 
-    In a pipeline the restriction is a view and the padding writes the
-    previous stage's output straight into the padded buffer: no copy.
+    Parameters
+    ----------
+    mmax, half : int
+    layout : Layout
+    orders : int array, optional
+        The orders kept, in the order the output holds them (a permutation
+        of ``0 .. mmax - 1``: the balanced order layout puts each azimuth
+        rank's orders together). Default: the first ``mmax`` in order.
+
+    Notes
+    -----
+    Without ``orders``, in a pipeline the restriction is a view and the
+    padding writes the previous stage's output straight into the padded
+    buffer: no copy. With a permutation both are a gather/scatter.
     """
 
-    def __init__(self, mmax, half, layout):
+    def __init__(self, mmax, half, layout, orders=None):
         super().__init__(layout)
         self.mmax, self.half = mmax, half
+        if orders is not None:
+            orders = numpy.asarray(orders, dtype=numpy.int64)
+            if sorted(orders.tolist()) != list(range(mmax)):
+                raise ValueError(f"Truncation: orders must be a permutation of 0 .. {mmax - 1}")
+            if numpy.array_equal(orders, numpy.arange(mmax)):
+                orders = None
+        self.orders = orders
+        self._device = {}
+
+    @property
+    def permuted(self):
+        """Whether the kept orders are reordered (then no view/embed shortcuts)."""
+        return self.orders is not None
 
     def _describe(self):
-        return f"Truncation({self.half} -> {self.mmax})"
+        return f"Truncation({self.half} -> {self.mmax}{', permuted' if self.permuted else ''})"
 
     def _output(self, direction, spec):
         n_in, n_out = (self.half, self.mmax) if direction == FORWARD else (self.mmax, self.half)
@@ -182,15 +207,30 @@ class Truncation(_LocalStage):
     def _shapes(self, lead):
         return lead + (self.half,), lead + (self.mmax,)
 
+    def _index(self, like):
+        if not backend.is_device_array(like):
+            return self.orders
+        key = like.device.id
+        if key not in self._device:
+            with like.device:
+                self._device[key] = backend.array_module(like).asarray(self.orders)
+        return self._device[key]
+
     def _run(self, direction, x, out, context):
         if direction == FORWARD:
-            out[...] = x[..., :self.mmax]
+            if self.permuted:
+                out[...] = x[..., self._index(x)]
+            else:
+                out[...] = x[..., :self.mmax]
         else:
-            out[..., :self.mmax] = x
             out[..., self.mmax:] = 0
+            if self.permuted:
+                out[..., self._index(x)] = x
+            else:
+                out[..., :self.mmax] = x
 
     def view(self, x):
-        """The forward result as a view of ``x``."""
+        """The forward result as a view of ``x`` (not permuted only)."""
         return x[..., :self.mmax]
 
     def embed(self, padded):
@@ -424,7 +464,7 @@ class Pipeline:
         """``(truncation, "restrict" | "pad")`` when ``stage`` run in ``direction`` is a truncation or its adjoint."""
         flipped = isinstance(stage, AdjointOperator)
         inner = stage.op if flipped else stage
-        if not isinstance(inner, Truncation):
+        if not isinstance(inner, Truncation) or inner.permuted:
             return None, None
         return inner, "restrict" if (direction == FORWARD) != flipped else "pad"
 

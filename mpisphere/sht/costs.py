@@ -1,0 +1,111 @@
+"""What one transform costs each rank: table bytes, arithmetic, bytes and messages sent (no MPI).
+
+The counts follow the code, not an idealisation: tables as
+:mod:`mpisphere.sht.tables` stores them (parity-split, northern half), the
+batch padded to the grid as the transforms pad it, and every transpose's
+Alltoallv as :class:`~mpisphere.Transpose` posts it. The tests check the
+table counts against built transforms and the transpose counts against the
+bytes handed to MPI in real runs; ``scripts/scaling_model.py`` and
+docs/scaling.md build a time model on them.
+"""
+
+import collections
+import math
+
+import numpy
+
+from ..partition import split_sizes
+from .orders import order_assignment
+
+__all__ = ["table_entries", "RankCost", "sht_costs"]
+
+TRANSPOSES = ("longitudes", "orders", "latitudes", "degrees")
+
+
+def table_entries(lmax, orders, nlat, vector=False):
+    """Table values held for ``orders`` (parity-split, northern half), as :class:`LegendreTables` holds them.
+
+    Scalar: degrees ``m .. lmax - 1`` per order. Vector: ``max(m, 1) .. lmax``.
+    """
+    n_north = nlat // 2
+    n_half = n_north + nlat % 2
+    top = lmax + 1 if vector else lmax
+    total = 0
+    for m in numpy.asarray(orders).tolist():
+        start = max(m, 1) if vector else m
+        rows = max(top - start, 0)
+        total += ((rows + 1) // 2) * n_half + (rows // 2) * n_north
+    return total
+
+
+class RankCost(collections.namedtuple(
+        "RankCost", "rank polar_rank azimuth_rank table_bytes legendre_multiply_adds fft_flops sent messages")):
+    """One rank's cost of one forward (or inverse: the same counts, reversed) transform.
+
+    Attributes
+    ----------
+    table_bytes : int
+        Legendre tables held.
+    legendre_multiply_adds : int
+        Real multiply-adds of the contraction (the table times the real and
+        imaginary columns of every field this rank contracts).
+    fft_flops : float
+        ``2.5 n log2 n`` per real FFT of ``n = nlon`` points, for the rows
+        this rank transforms.
+    sent : tuple of 4 int
+        Bytes this rank sends to other ranks in each transpose, in pipeline
+        order: ``longitudes``, ``orders``, ``latitudes``, ``degrees``.
+    messages : tuple of 4 int
+        Non-empty messages to other ranks in each transpose.
+    """
+
+    __slots__ = ()
+
+
+def sht_costs(nlat, nlon, lmax, mmax, npolar, nazimuth, *, batch=1, vector=False, dtype=numpy.float64,
+              orders="contiguous"):
+    """Per-rank costs of one transform of ``batch`` fields on an ``npolar x nazimuth`` grid.
+
+    Returns
+    -------
+    list of :class:`RankCost`, one per grid rank (row-major: ``rank =
+    polar_rank * nazimuth + azimuth_rank``).
+    """
+    real = numpy.dtype(dtype)
+    complex_size = 2 * real.itemsize
+    components = 2 if vector else 1
+    padded = max(batch, npolar, nazimuth)  # the transforms pad the batch to split it over both axes
+    lat_sizes, lon_sizes = split_sizes(nlat, npolar), split_sizes(nlon, nazimuth)
+    degree_sizes = split_sizes(lmax, npolar)
+    batch_azimuth, batch_polar = split_sizes(padded, nazimuth), split_sizes(padded, npolar)
+    assignment = order_assignment(mmax, lmax, nazimuth, orders)
+    fft_per_row = 2.5 * nlon * math.log2(nlon) if nlon > 1 else 0.0
+    costs = []
+    for p in range(npolar):
+        for a in range(nazimuth):
+            h, w, m_loc = lat_sizes[p], lon_sizes[a], len(assignment[a])
+            entries = table_entries(lmax, assignment[a], nlat, vector)
+            cells = components * h
+            sent = (
+                # (B, C, h, w) -> (Ba, C, h, nlon): my longitudes of the other ranks' batch shares
+                (padded - batch_azimuth[a]) * cells * w * real.itemsize,
+                # (Ba, C, h, mmax) -> (B, C, h, m): my batch share of the other ranks' orders
+                batch_azimuth[a] * cells * (mmax - m_loc) * complex_size,
+                # (B, C, h, m) -> (Bp, C, nlat, m): my latitudes of the other ranks' batch shares
+                (padded - batch_polar[p]) * cells * m_loc * complex_size,
+                # (Bp, C, L, m) -> (B, C, l, m): my batch share of the other ranks' degrees
+                batch_polar[p] * components * (lmax - degree_sizes[p]) * m_loc * complex_size,
+            )
+            messages = (
+                sum(1 for q in range(nazimuth) if q != a and batch_azimuth[q] * h * w > 0),
+                sum(1 for q in range(nazimuth) if q != a and batch_azimuth[a] * h * len(assignment[q]) > 0),
+                sum(1 for q in range(npolar) if q != p and batch_polar[q] * h * m_loc > 0),
+                sum(1 for q in range(npolar) if q != p and batch_polar[p] * degree_sizes[q] * m_loc > 0),
+            )
+            costs.append(RankCost(
+                rank=p * nazimuth + a, polar_rank=p, azimuth_rank=a,
+                table_bytes=entries * real.itemsize,
+                legendre_multiply_adds=entries * 2 * components * batch_polar[p],
+                fft_flops=fft_per_row * batch_azimuth[a] * cells,
+                sent=sent, messages=messages))
+    return costs

@@ -1,0 +1,57 @@
+"""mpisphere.sht.costs counts what the transforms really send: checked against the bytes handed to MPI."""
+
+import numpy
+import pytest
+
+from mpisphere import (DistributedInverseRealSHT, DistributedInverseRealVectorSHT, DistributedRealSHT,
+                       DistributedRealVectorSHT, collectives)
+from mpisphere.sht.costs import TRANSPOSES, sht_costs
+
+pytestmark = pytest.mark.mpi
+
+
+def _counting(monkeypatch):
+    """Replace the Alltoallv wrapper by one that records (communicator size, bytes and messages to others)."""
+    calls = []
+    original = collectives.alltoallv
+
+    def counted(comm, send, send_counts, send_displs, recv, recv_counts, recv_displs, **kwargs):
+        me = comm.Get_rank()
+        others = [int(n) for q, n in enumerate(send_counts) if q != me]
+        calls.append((comm.Get_size(), sum(others) * send.itemsize, sum(1 for n in others if n > 0)))
+        return original(comm, send, send_counts, send_displs, recv, recv_counts, recv_displs, **kwargs)
+
+    monkeypatch.setattr(collectives, "alltoallv", counted)
+    return calls
+
+
+@pytest.mark.parametrize("cls", [DistributedRealSHT, DistributedInverseRealSHT, DistributedRealVectorSHT,
+                                 DistributedInverseRealVectorSHT])
+@pytest.mark.parametrize("orders", ["contiguous", "balanced"])
+@pytest.mark.parametrize("batch, dtype", [(1, numpy.float64), (5, numpy.float32)])
+def test_bytes_and_messages_sent_are_what_the_model_counts(grid, monkeypatch, cls, orders, batch, dtype):
+    nlat, nlon = 23, 40
+    op = cls(grid, nlat, nlon, quadrature="legendre-gauss", dtype=dtype, orders=orders)
+    vector = "Vector" in cls.__name__
+    inverse = "Inverse" in cls.__name__
+    x = numpy.ones(op.domain_shape((batch,)), op.cdtype if inverse else op.dtype)
+    calls = _counting(monkeypatch)
+    op.forward(x)
+    expected = sht_costs(nlat, nlon, op.lmax, op.mmax, grid.npolar, grid.nazimuth, batch=batch, vector=vector,
+                         dtype=dtype, orders=orders)[grid.rank]
+    # the pipeline's transposes in running order; those on one-rank communicators call no MPI
+    sizes = {"longitudes": grid.nazimuth, "orders": grid.nazimuth, "latitudes": grid.npolar,
+             "degrees": grid.npolar}
+    names = TRANSPOSES[::-1] if inverse else TRANSPOSES
+    # an inverse runs the reversed pipeline: it sends what the forward receives, so compare the sums over the grid
+    want = [(sizes[n], expected.sent[TRANSPOSES.index(n)], expected.messages[TRANSPOSES.index(n)])
+            for n in names if sizes[n] > 1]
+    if not inverse:
+        assert calls == want, f"counted {calls}, model {want}"
+    else:
+        assert [c[0] for c in calls] == [w[0] for w in want]
+        everyone = sht_costs(nlat, nlon, op.lmax, op.mmax, grid.npolar, grid.nazimuth, batch=batch,
+                             vector=vector, dtype=dtype, orders=orders)
+        total_model = sum(sum(c.sent) for c in everyone)
+        total_counted = grid.cart.allreduce(sum(c[1] for c in calls))
+        assert total_counted == total_model
