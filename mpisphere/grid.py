@@ -196,6 +196,8 @@ class ProcessGrid:
         self.azimuth_neighbors = ((self.azimuth_rank - 1) % self.nazimuth,
                                   (self.azimuth_rank + 1) % self.nazimuth)
         self.cuda_aware = cuda_aware.decide(self.cart)
+        # the intermediates of the transforms on this grid: their runs never overlap (the lock), so they share
+        self.scratch = backend.Workspace()
 
     @classmethod
     def from_fortran(cls, handle, npolar=None, nazimuth=None, *, order="azimuth-fastest"):
@@ -498,6 +500,7 @@ class ProcessGrid:
         if self._freed:
             return
         self._freed = True
+        self.scratch.clear()
         if not MPI.Is_finalized():
             for comm in (self.azimuth, self.polar, self.cart, *self._owned):
                 comm.Free()

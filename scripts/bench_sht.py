@@ -40,8 +40,9 @@ def bench_grid(grid, args, xp, sync):
     nlat, nlon, batch = args.nlat, args.nlon, args.batch
     dtype = numpy.dtype(args.dtype)
     start = time.perf_counter()
-    sht = DistributedRealSHT(grid, nlat, nlon, quadrature=args.quadrature, dtype=dtype)
-    isht = DistributedInverseRealSHT(grid, nlat, nlon, quadrature=args.quadrature, dtype=dtype)
+    options = dict(quadrature=args.quadrature, dtype=dtype, fft=args.fft, orders=args.orders)
+    sht = DistributedRealSHT(grid, nlat, nlon, args.lmax, args.lmax, **options)
+    isht = DistributedInverseRealSHT(grid, nlat, nlon, args.lmax, args.lmax, **options)
     setup = grid.cart.allreduce(time.perf_counter() - start, op=MPI.MAX)
     rng = numpy.random.default_rng(grid.rank)
     x = xp.asarray(rng.standard_normal((batch,) + sht.tile_shape).astype(dtype))
@@ -68,11 +69,11 @@ def bench_vector_grid(grid, args, xp, sync):
     """Vector transforms of ``batch`` winds against scalar transforms of ``batch`` fields, in the same run."""
     nlat, nlon, batch = args.nlat, args.nlon, args.batch
     dtype = numpy.dtype(args.dtype)
-    options = dict(quadrature=args.quadrature, dtype=dtype)
-    sht = DistributedRealSHT(grid, nlat, nlon, **options)
-    isht = DistributedInverseRealSHT(grid, nlat, nlon, **options)
-    vsht = DistributedRealVectorSHT(grid, nlat, nlon, **options)
-    ivsht = DistributedInverseRealVectorSHT(grid, nlat, nlon, **options)
+    options = dict(quadrature=args.quadrature, dtype=dtype, fft=args.fft, orders=args.orders)
+    sht = DistributedRealSHT(grid, nlat, nlon, args.lmax, args.lmax, **options)
+    isht = DistributedInverseRealSHT(grid, nlat, nlon, args.lmax, args.lmax, **options)
+    vsht = DistributedRealVectorSHT(grid, nlat, nlon, args.lmax, args.lmax, **options)
+    ivsht = DistributedInverseRealVectorSHT(grid, nlat, nlon, args.lmax, args.lmax, **options)
     rng = numpy.random.default_rng(grid.rank)
     wind = xp.asarray(rng.standard_normal((batch, 2) + sht.tile_shape).astype(dtype))
     scalar = wind[:, 0].copy()
@@ -109,7 +110,11 @@ def bench_ducc0(args):
         print("ducc0 not installed (pip install '.[bench]'): no comparison")
         return []
     nlat, nlon, batch = args.nlat, args.nlon, args.batch
-    lmax = nlat - 2 if args.quadrature == "equiangular" else nlat - 1
+    # ducc0's lmax is the highest degree, mpisphere's the number of degrees: the same coefficients as mpisphere's
+    lmax = (args.lmax if args.lmax is not None else
+            mpisphere.truncate_sht(nlat, nlon, quadrature=args.quadrature)[0]) - 1
+    # ducc0 analyses on the CC grid only up to nlat - 2 (at most: it is exact there)
+    lmax_analysis = min(lmax, nlat - 2) if args.quadrature == "equiangular" else lmax
     geometry = {"equiangular": "CC", "legendre-gauss": "GL"}.get(args.quadrature)
     if geometry is None:
         print(f"ducc0 has no {args.quadrature} geometry: no comparison")
@@ -118,37 +123,54 @@ def bench_ducc0(args):
     maps = numpy.random.default_rng(0).standard_normal((batch, 1, nlat, nlon)).astype(dtype)
     nalm = (lmax + 1) * (lmax + 2) // 2
     alm = numpy.zeros((batch, 1, nalm), dtype=numpy.result_type(dtype, numpy.complex64))
+    nalm_analysis = (lmax_analysis + 1) * (lmax_analysis + 2) // 2
+    alm_analysis = numpy.zeros((batch, 2, nalm_analysis), dtype=alm.dtype)
 
     def analysis():
         for b in range(batch):
-            ducc0.sht.experimental.analysis_2d(map=maps[b], alm=alm[b], spin=0, lmax=lmax, geometry=geometry,
-                                               nthreads=1)
+            ducc0.sht.experimental.analysis_2d(map=maps[b], alm=alm_analysis[b, :1], spin=0, lmax=lmax_analysis,
+                                               geometry=geometry, nthreads=1)
 
     def synthesis():
         for b in range(batch):
             ducc0.sht.experimental.synthesis_2d(alm=alm[b], map=maps[b], spin=0, lmax=lmax, geometry=geometry,
                                                 nthreads=1)
+
+    def adjoint_synthesis():
+        # the quadrature sum alone (mpisphere's forward folds the weights into its tables): the forward's yardstick
+        for b in range(batch):
+            ducc0.sht.experimental.adjoint_synthesis_2d(map=maps[b], alm=alm[b], spin=0, lmax=lmax,
+                                                        geometry=geometry, nthreads=1)
     vmaps = numpy.random.default_rng(1).standard_normal((batch, 2, nlat, nlon)).astype(dtype)
     valm = numpy.zeros((batch, 2, nalm), dtype=alm.dtype)
 
     def vector_analysis():
         for b in range(batch):
-            ducc0.sht.experimental.analysis_2d(map=vmaps[b], alm=valm[b], spin=1, lmax=lmax, geometry=geometry,
-                                               nthreads=1)
+            ducc0.sht.experimental.analysis_2d(map=vmaps[b], alm=alm_analysis[b], spin=1, lmax=lmax_analysis,
+                                               geometry=geometry, nthreads=1)
+
+    def vector_adjoint_synthesis():
+        for b in range(batch):
+            ducc0.sht.experimental.adjoint_synthesis_2d(map=vmaps[b], alm=valm[b], spin=1, lmax=lmax,
+                                                        geometry=geometry, nthreads=1)
 
     def vector_synthesis():
         for b in range(batch):
             ducc0.sht.experimental.synthesis_2d(alm=valm[b], map=vmaps[b], spin=1, lmax=lmax, geometry=geometry,
                                                 nthreads=1)
     rows = []
-    cases = [("ducc0 analysis_2d", analysis), ("ducc0 synthesis_2d", synthesis)]
+    cases = [("ducc0 analysis_2d", analysis), ("ducc0 adjoint_synthesis_2d", adjoint_synthesis),
+             ("ducc0 synthesis_2d", synthesis)]
     if args.vector:
-        cases += [("ducc0 analysis_2d spin 1", vector_analysis), ("ducc0 synthesis_2d spin 1", vector_synthesis)]
+        cases += [("ducc0 analysis_2d spin 1", vector_analysis),
+                  ("ducc0 adjoint_synthesis_2d spin 1", vector_adjoint_synthesis),
+                  ("ducc0 synthesis_2d spin 1", vector_synthesis)]
     for name, fn in cases:
         median, low, high = measure(MPI.COMM_SELF, fn, args.repeats, args.warmup)
+        top = lmax_analysis if name.startswith("ducc0 analysis") else lmax
         rows.append({"grid": "1x1", "case": name, "median_ms": median, "min_ms": low, "max_ms": high,
-                     "lmax": lmax, "ducc0": ducc0.__version__})
-        print(f" 1x1 {name:24s} {median:9.1f} ms [{low:8.1f}..{high:8.1f}]  lmax = mmax = {lmax}, one thread, "
+                     "lmax": top, "ducc0": ducc0.__version__})
+        print(f" 1x1 {name:24s} {median:9.1f} ms [{low:8.1f}..{high:8.1f}]  lmax = mmax = {top}, one thread, "
               f"ducc0 {ducc0.__version__}", flush=True)
     return rows
 
@@ -166,6 +188,9 @@ def main(argv=None):
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
     parser.add_argument("--no-ducc0", action="store_true")
+    parser.add_argument("--lmax", type=int, default=None, help="lmax = mmax (default: torch-harmonics' truncation)")
+    parser.add_argument("--fft", default="auto", choices=["auto", "numpy", "ducc0"])
+    parser.add_argument("--orders", default="contiguous", choices=["contiguous", "balanced"])
     parser.add_argument("--vector", action="store_true",
                         help="also the vector transforms against scalar ones, and ducc0 with spin 1")
     parser.add_argument("--vector-only", action="store_true", help="only the vector rows")
@@ -187,7 +212,8 @@ def main(argv=None):
         shapes = {1: [(1, 1)], 2: [(1, 2), (2, 1)], 4: [(2, 2)]}.get(size, [tuple(MPI.Compute_dims(size, 2))])
     if world.Get_rank() == 0:
         print(f"mpisphere {mpisphere.__version__}, numpy {numpy.__version__}, {size} rank(s), {args.batch} x "
-              f"{args.nlat} x {args.nlon} {args.quadrature} {args.dtype}, {args.device}, {args.repeats} repeats")
+              f"{args.nlat} x {args.nlon} {args.quadrature} {args.dtype}, {args.device}, {args.repeats} repeats, "
+              f"lmax {args.lmax or 'default'}, fft {args.fft}, orders {args.orders}")
     rows = []
     for npolar, nazimuth in shapes:
         with ProcessGrid(world, npolar, nazimuth) as grid:
@@ -199,14 +225,19 @@ def main(argv=None):
         rows += bench_ducc0(args)
         medians = {r["case"]: r["median_ms"] for r in rows}
         if "ducc0 analysis_2d" in medians and "forward" in medians:
-            print(f"ratios: forward / analysis_2d = {medians['forward'] / medians['ducc0 analysis_2d']:.2f}, "
-                  f"inverse / synthesis_2d = {medians['inverse'] / medians['ducc0 synthesis_2d']:.2f}")
+            print(f"ratios: forward / adjoint_synthesis_2d = "
+                  f"{medians['forward out='] / medians['ducc0 adjoint_synthesis_2d']:.2f}, forward / analysis_2d = "
+                  f"{medians['forward out='] / medians['ducc0 analysis_2d']:.2f}, inverse / synthesis_2d = "
+                  f"{medians['inverse out='] / medians['ducc0 synthesis_2d']:.2f} (mpisphere with out=)")
         if "ducc0 analysis_2d spin 1" in medians:
-            print(f"ratios: vector forward / analysis_2d spin 1 = "
+            print(f"ratios: vector forward / adjoint_synthesis_2d spin 1 = "
+                  f"{medians['vector forward'] / medians['ducc0 adjoint_synthesis_2d spin 1']:.2f}, "
+                  f"vector forward / analysis_2d spin 1 = "
                   f"{medians['vector forward'] / medians['ducc0 analysis_2d spin 1']:.2f}, vector inverse / "
                   f"synthesis_2d spin 1 = {medians['vector inverse'] / medians['ducc0 synthesis_2d spin 1']:.2f}")
     if args.json and world.Get_rank() == 0:
         meta = {"ranks": size, "batch": args.batch, "nlat": args.nlat, "nlon": args.nlon, "dtype": args.dtype,
+                "lmax": args.lmax, "fft": args.fft, "orders": args.orders,
                 "quadrature": args.quadrature, "device": args.device, "numpy": numpy.__version__,
                 "mpisphere": mpisphere.__version__}
         with open(args.json, "w") as f:

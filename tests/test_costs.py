@@ -55,3 +55,13 @@ def test_bytes_and_messages_sent_are_what_the_model_counts(grid, monkeypatch, cl
         total_model = sum(sum(c.sent) for c in everyone)
         total_counted = grid.cart.allreduce(sum(c[1] for c in calls))
         assert total_counted == total_model
+
+
+@pytest.mark.parametrize("vector", [False, True])
+def test_scratch_is_what_the_model_counts(grid, vector):
+    nlat, nlon, batch = 23, 40, 7
+    forward = (DistributedRealVectorSHT if vector else DistributedRealSHT)(grid, nlat, nlon, orders="balanced")
+    forward.forward(numpy.ones(forward.domain_shape((batch,))))
+    expected = sht_costs(nlat, nlon, forward.lmax, forward.mmax, grid.npolar, grid.nazimuth, batch=batch,
+                         vector=vector, orders="balanced")[grid.rank]
+    assert grid.scratch.nbytes() == expected.scratch_bytes

@@ -423,3 +423,67 @@ def test_out_may_not_overlap_the_input_even_with_a_padded_batch(grid):
         sht.forward(alias, out=view)
     apart = big[-2 * math.prod(sht.block_shape):].view(complex).reshape((1,) + sht.block_shape)
     assert sht.forward(alias, out=apart) is apart  # the same buffer, disjoint elements: fine
+
+
+# --- FFT libraries ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("cls", [DistributedRealSHT, DistributedInverseRealSHT, mpisphere.DistributedRealVectorSHT,
+                                 mpisphere.DistributedInverseRealVectorSHT])
+@pytest.mark.parametrize("nlon", [36, 37])
+def test_fft_libraries_agree_and_keep_the_adjoint(grid, cls, nlon):
+    pytest.importorskip("ducc0")
+    nlat = 19
+    ops = {fft: cls(grid, nlat, nlon, quadrature="legendre-gauss", fft=fft) for fft in ("numpy", "ducc0")}
+    assert ops["ducc0"].fft == "ducc0" and ops["numpy"].fft == "numpy"
+    local = rank_rng(grid.cart)
+    op = ops["numpy"]
+    inverse = "Inverse" in cls.__name__
+    lead = (3,)
+    # arbitrary complex input also in the imaginary parts of m = 0 (and m = nlon / 2): both libraries drop them
+    x = random_array(local, op.domain_shape(lead), op.cdtype if inverse else op.dtype)
+    y = random_array(local, op.range_shape(lead), op.dtype if inverse else op.cdtype)
+    results = {fft: o.forward(x) for fft, o in ops.items()}
+    adjoints = {fft: o.adjoint(y) for fft, o in ops.items()}
+    # the two differ by rounding only: bound by the sizes of what was summed (the same for both)
+    for got in (results, adjoints):
+        scale = grid.cart.allreduce(float(abs(got["numpy"]).max()), op=MPI.MAX)
+        diff = grid.cart.allreduce(float(abs(got["numpy"] - got["ducc0"]).max()), op=MPI.MAX)
+        assert diff <= 1e3 * numpy.finfo(float).eps * scale * nlon
+    for o in ops.values():
+        assert dottest(o, x, y, rtol=1e-12) <= 1e-12
+
+
+def test_fft_keyword_is_checked(grid):
+    with pytest.raises(ValueError, match="DistributedRealSHT: fft must be one of 'auto', 'numpy', 'ducc0'"):
+        DistributedRealSHT(grid, 17, 32, fft="fftw")
+
+
+# --- memory: shared tables and scratch ------------------------------------------------------------
+
+def test_analysis_and_synthesis_share_tables_and_the_grid_scratch(grid, rng):
+    nlat, nlon, batch = 33, 64, 5
+    sht = DistributedRealSHT(grid, nlat, nlon)
+    isht = DistributedInverseRealSHT(grid, nlat, nlon)
+    assert sht.tables is isht.tables  # unweighted, the analysis applies the weights in its contraction
+    vsht = mpisphere.DistributedRealVectorSHT(grid, nlat, nlon)
+    ivsht = mpisphere.DistributedInverseRealVectorSHT(grid, nlat, nlon)
+    assert vsht.tables is ivsht.tables and vsht.tables is not sht.tables
+    # other norms scale analysis and synthesis differently: separate tables
+    assert DistributedRealSHT(grid, nlat, nlon, norm="schmidt").tables is not \
+        DistributedInverseRealSHT(grid, nlat, nlon, norm="schmidt").tables
+    assert DistributedRealSHT(grid, nlat, nlon, dtype=numpy.float32).tables.dtype == numpy.float32
+    x = rng.standard_normal((batch,) + sht.tile_shape)
+    wind = rng.standard_normal((batch, 2) + sht.tile_shape)
+    c = sht.forward(x)
+    isht.forward(c)
+    sht.adjoint(c)
+    isht.adjoint(x)
+    ivsht.forward(vsht.forward(wind))
+    # every intermediate of every transform on the grid took turns in two buffers of the largest intermediate
+    padded = max(batch, grid.npolar, grid.nazimuth)
+    largest = 0
+    for op in (sht, isht, vsht, ivsht):
+        for pipeline in op._pipelines.values():
+            largest = max(largest, pipeline._slot_bytes)
+    assert 0 < grid.scratch.nbytes() <= 2 * largest
+    assert largest <= 2 * padded * 16 * max(sht.tile_shape[0], nlat) * (nlon // 2 + 1)

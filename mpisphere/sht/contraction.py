@@ -7,9 +7,13 @@ the ``K`` real columns of order ``j`` at latitude ``k`` or degree ``l``
 (complex data as pairs of reals: the tables are real, so one real product
 handles both parts).
 
-``analyze``: ``spectral[l, j] = sum_k T_j[l, k] fourier[k, j]`` (the forward
-contraction of a table ``T``); ``synthesize`` is its transpose,
-``fourier[k, j] = sum_l T_j[l, k] spectral[l, j]``.
+``analyze``: ``spectral[l, j] = sum_k T_j[l, k] w_k fourier[k, j]`` (the
+forward contraction of a table ``T``, with optional latitude weights ``w``);
+``synthesize`` is its transpose, ``fourier[k, j] = w_k sum_l T_j[l, k]
+spectral[l, j]``. The weights (the quadrature's, symmetric about the equator)
+are applied to each order's parity-split slice while it is in cache, so one
+unweighted table serves an analysis and a synthesis (the transforms of a grid
+share it).
 
 Two methods: ``per-order`` (one matrix product per order and parity, each
 on a slice that stays in cache: NumPy's default) and ``batched`` (one
@@ -41,11 +45,26 @@ def _scratch(workspace, name, like, shape):
     return workspace.scratch(name, like, count).reshape(shape)
 
 
-def analyze(tables, fourier, spectral, workspace, method="auto"):
-    """``spectral = T fourier`` per order; both real views ``(n, m_loc, K)``, spectral with ``tables.degrees`` rows."""
+def _weights(weights, t, like):
+    """``(w_half, w_north)`` as ``(n, 1)`` columns in ``like``'s module, or ``(None, None)``."""
+    if weights is None:
+        return None, None
+    w = weights if not backend.is_device_array(like) else backend.array_module(like).asarray(weights)
+    return w[:t.n_half, None], w[:t.n_north, None]
+
+
+def analyze(tables, fourier, spectral, workspace, method="auto", weights=None):
+    """``spectral = T diag(w) fourier`` per order; real views ``(n, m_loc, K)``, spectral with ``tables.degrees`` rows.
+
+    ``weights``: ``(nlat,)`` latitude weights (symmetric), or ``None``.
+    """
     t = tables
+    w_half, w_north = _weights(weights, t, fourier)
     if _batched(method, fourier):
         sym, anti = _parity_split(t, fourier, workspace)
+        if w_half is not None:
+            sym *= w_half[:, :, None]
+            anti *= w_north[:, :, None]
         _analyze_batched(t, sym, anti, spectral)
         return
     n_north, n_half = t.n_north, t.n_half
@@ -63,9 +82,13 @@ def analyze(tables, fourier, spectral, workspace, method="auto"):
         numpy.add(north, south, out=sym[:n_north])
         if n_half > n_north:
             sym[n_north] = column[n_north]
+        if w_half is not None:
+            sym *= w_half
         numpy.matmul(even, sym, out=spectral[start::2, j][:even.shape[0]])
         if odd.shape[0]:
             numpy.subtract(north, south, out=anti)
+            if w_north is not None:
+                anti *= w_north
             numpy.matmul(odd, anti, out=spectral[start + 1::2, j][:odd.shape[0]])
 
 
@@ -92,15 +115,19 @@ def _analyze_batched(t, sym, anti, spectral):
         spectral[l_o, j_o] = xp.matmul(odd, anti.transpose(1, 0, 2))[j_o, i_o]
 
 
-def synthesize(tables, spectral, fourier, workspace, method="auto"):
-    """``fourier = T^T spectral`` per order (the transpose of :func:`analyze`)."""
+def synthesize(tables, spectral, fourier, workspace, method="auto", weights=None):
+    """``fourier = diag(w) T^T spectral`` per order (the transpose of :func:`analyze`)."""
     t = tables
     n_north, n_half = t.n_north, t.n_half
     rows = fourier.shape[0]
+    w_half, w_north = _weights(weights, t, spectral)
     if _batched(method, spectral):
         even_part = _scratch(workspace, "sym", fourier, (n_half,) + fourier.shape[1:])
         odd_part = _scratch(workspace, "anti", fourier, (n_north,) + fourier.shape[1:])
         _synthesize_batched(t, spectral, even_part, odd_part)
+        if w_half is not None:
+            even_part *= w_half[:, :, None]
+            odd_part *= w_north[:, :, None]
         numpy.add(even_part[:n_north], odd_part, out=fourier[:n_north])
         numpy.subtract(even_part[:n_north], odd_part, out=fourier[rows - n_north:][::-1])
         if n_half > n_north:
@@ -117,9 +144,13 @@ def synthesize(tables, spectral, fourier, workspace, method="auto"):
             column[...] = 0
             continue
         numpy.matmul(even.T, spectral[start::2, j][:even.shape[0]], out=even_part)
+        if w_half is not None:
+            even_part *= w_half
         north, south = column[:n_north], column[rows - n_north:][::-1]
         if odd.shape[0]:
             numpy.matmul(odd.T, spectral[start + 1::2, j][:odd.shape[0]], out=odd_part)
+            if w_north is not None:
+                odd_part *= w_north
             numpy.add(even_part[:n_north], odd_part, out=north)
             numpy.subtract(even_part[:n_north], odd_part, out=south)
         else:

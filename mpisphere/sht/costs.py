@@ -39,13 +39,17 @@ def table_entries(lmax, orders, nlat, vector=False):
 
 
 class RankCost(collections.namedtuple(
-        "RankCost", "rank polar_rank azimuth_rank table_bytes legendre_multiply_adds fft_flops sent messages")):
+        "RankCost", "rank polar_rank azimuth_rank table_bytes scratch_bytes legendre_multiply_adds fft_flops sent "
+                    "messages")):
     """One rank's cost of one forward (or inverse: the same counts, reversed) transform.
 
     Attributes
     ----------
     table_bytes : int
-        Legendre tables held.
+        Legendre tables held (an analysis and a synthesis on one grid share them).
+    scratch_bytes : int
+        The grid's two pipeline buffers, each the size of the largest
+        intermediate of the transform (shared by the transforms of a grid).
     legendre_multiply_adds : int
         Real multiply-adds of the contraction (the table times the real and
         imaginary columns of every field this rank contracts).
@@ -102,9 +106,16 @@ def sht_costs(nlat, nlon, lmax, mmax, npolar, nazimuth, *, batch=1, vector=False
                 sum(1 for q in range(npolar) if q != p and batch_polar[q] * h * m_loc > 0),
                 sum(1 for q in range(npolar) if q != p and batch_polar[p] * degree_sizes[q] * m_loc > 0),
             )
+            ba, bp = batch_azimuth[a], batch_polar[p]
+            intermediates = (  # elements, and their sizes: every boundary of the forward pipeline
+                padded * cells * w * real.itemsize, ba * cells * nlon * real.itemsize,
+                ba * cells * (nlon // 2 + 1) * complex_size, padded * cells * m_loc * complex_size,
+                bp * components * nlat * m_loc * complex_size,
+                bp * components * (lmax + 1 if vector else lmax) * m_loc * complex_size,
+                padded * components * degree_sizes[p] * m_loc * complex_size)
             costs.append(RankCost(
                 rank=p * nazimuth + a, polar_rank=p, azimuth_rank=a,
-                table_bytes=entries * real.itemsize,
+                table_bytes=entries * real.itemsize, scratch_bytes=2 * max(intermediates),
                 legendre_multiply_adds=entries * 2 * components * batch_polar[p],
                 fft_flops=fft_per_row * batch_azimuth[a] * cells,
                 sent=sent, messages=messages))

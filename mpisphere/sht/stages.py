@@ -41,6 +41,27 @@ __all__ = ["FourierStage", "Truncation", "LegendreStage", "VectorCoupling", "Pip
 # numpy.fft functions take out= from NumPy 2.0; with it the FFTs write into reused buffers
 _FFT_TAKES_OUT = int(numpy.__version__.split(".")[0]) >= 2
 
+FFT_BACKENDS = ("auto", "numpy", "ducc0")
+
+
+def resolve_fft(name):
+    """The FFT library for host arrays: ``"ducc0"`` or ``"numpy"`` (``"auto"``: ducc0 when it is installed).
+
+    ducc0's real FFTs into given outputs take about half NumPy's time on one
+    core (docs/benchmarks.md); CuPy arrays always use ``cupy.fft``.
+    """
+    if name not in FFT_BACKENDS:
+        raise ValueError(f"fft must be one of {', '.join(map(repr, FFT_BACKENDS))}, got {name!r}")
+    if name == "numpy":
+        return "numpy"
+    try:
+        import ducc0.fft  # noqa: F401
+    except ImportError:
+        if name == "ducc0":
+            raise ImportError("fft='ducc0' needs ducc0: pip install 'mpisphere[ducc0]'") from None
+        return "numpy"
+    return "ducc0"
+
 
 def _numpy_out(x, out):
     return _FFT_TAKES_OUT and isinstance(x, numpy.ndarray) and isinstance(out, numpy.ndarray)
@@ -69,6 +90,8 @@ class FourierStage(_LocalStage):
         ``x = irfft(X)`` unnormalised (a coefficient at ``0 < m < nlon / 2``
         stands for ``X e^{i m phi}`` plus its conjugate).
     layout : Layout
+    fft : {"numpy", "ducc0"}
+        The library for NumPy arrays (see :func:`resolve_fft`).
 
     Notes
     -----
@@ -78,8 +101,9 @@ class FourierStage(_LocalStage):
     ``Y = c rfft(x)`` unnormalised.
     """
 
-    def __init__(self, nlon, dtype, synthesis, layout):
+    def __init__(self, nlon, dtype, synthesis, layout, fft="numpy"):
         super().__init__(layout)
+        self.fft = fft
         self.nlon = nlon
         self.half = nlon // 2 + 1
         self.real = numpy.dtype(dtype)
@@ -118,13 +142,22 @@ class FourierStage(_LocalStage):
         return self._multiplicity[key]
 
     def _rfft(self, x, norm, out):
-        if _numpy_out(x, out):
+        if self.fft == "ducc0" and isinstance(x, numpy.ndarray) and isinstance(out, numpy.ndarray):
+            import ducc0.fft
+            ducc0.fft.r2c(x, axes=(-1,), forward=True, inorm=2 if norm == "forward" else 0, out=out, nthreads=1)
+        elif _numpy_out(x, out):
             numpy.fft.rfft(x, axis=-1, norm=norm, out=out)
         else:
             out[...] = backend.array_module(x).fft.rfft(x, axis=-1, norm=norm)
 
     def _irfft(self, spectrum, norm, out):
-        if _numpy_out(spectrum, out) and out.dtype == self.real:
+        if self.fft == "ducc0" and isinstance(spectrum, numpy.ndarray) and isinstance(out, numpy.ndarray) \
+                and out.dtype == self.real:
+            import ducc0.fft
+            # like NumPy's irfft, c2r uses only the real parts of the m = 0 and m = nlon / 2 terms
+            ducc0.fft.c2r(spectrum, axes=(-1,), lastsize=self.nlon, forward=False,
+                          inorm=2 if norm == "backward" else 0, out=out, nthreads=1)
+        elif _numpy_out(spectrum, out) and out.dtype == self.real:
             numpy.fft.irfft(spectrum, n=self.nlon, axis=-1, norm=norm, out=out)
         else:
             out[...] = backend.array_module(spectrum).fft.irfft(spectrum, n=self.nlon, axis=-1, norm=norm)
@@ -258,11 +291,17 @@ class LegendreStage(_LocalStage):
     dtype : complex64 or complex128
     method : {"auto", "per-order", "batched"}
     layout : Layout
+    weights : ndarray ``(nlat,)``, optional
+        Latitude weights applied in the contraction (an analysis: ``2 pi``
+        times the quadrature weights), so that the tables themselves are
+        unweighted and shared with the synthesis.
     """
 
-    def __init__(self, tables, nlat, dtype, method, layout):
+    def __init__(self, tables, nlat, dtype, method, layout, weights=None):
         super().__init__(layout)
         self.tables = tables
+        real = numpy.empty(0, dtype).real.dtype
+        self.weights = None if weights is None else numpy.ascontiguousarray(weights, dtype=real)
         self.nlat = nlat
         self.dtype = numpy.dtype(dtype)
         self.method = method
@@ -282,6 +321,17 @@ class LegendreStage(_LocalStage):
         count = len(self.tables.orders)
         return lead + (self.nlat, count), lead + (self.tables.degrees, count)
 
+    def _weights(self, like):
+        """The weights in ``like``'s module (cached per device), or None."""
+        if self.weights is None or not backend.is_device_array(like):
+            return self.weights
+        cache = self.__dict__.setdefault("_device_weights", {})
+        key = like.device.id
+        if key not in cache:
+            with like.device:
+                cache[key] = backend.array_module(like).asarray(self.weights)
+        return cache[key]
+
     def _physical(self, a, name, copy_in):
         """``a`` as a real ``(n, m, 2 C B)`` array in the batch-innermost layout, and the scratch used (or None)."""
         phys = a.transpose(BATCH_INNERMOST)
@@ -297,9 +347,9 @@ class LegendreStage(_LocalStage):
         source, _ = self._physical(x, "in", copy_in=True)
         target, scratch = self._physical(out, "out", copy_in=False)
         if direction == FORWARD:
-            contraction.analyze(self.tables, source, target, self._workspace, self.method)
+            contraction.analyze(self.tables, source, target, self._workspace, self.method, self._weights(x))
         else:
-            contraction.synthesize(self.tables, source, target, self._workspace, self.method)
+            contraction.synthesize(self.tables, source, target, self._workspace, self.method, self._weights(x))
         if scratch is not None:
             backend.copy_into(out.transpose(BATCH_INNERMOST), scratch)
 
@@ -428,35 +478,49 @@ class Pipeline:
         stage ``boundary - 1`` (``order`` as in ``numpy.transpose``: the
         logical axes in memory order). Default: C order.
 
+    workspace : Workspace, optional
+        Where the intermediates live (default: a workspace of its own).
+        The transforms pass their grid's ``grid.scratch``, shared by every
+        transform on the grid: runs on one grid never overlap (the grid's
+        lock), and a run leaves nothing in its buffers that a later run needs.
+
     Notes
     -----
     A stage whose map is the identity (a one-rank :class:`~mpisphere.Transpose`)
     is skipped when its input already has the layout its output needs; a
     :class:`Truncation` is a view forward and writes the previous stage's
-    output into its padded buffer in the adjoint. Buffers are kept in a
-    :class:`~mpisphere.backend.Workspace`, one per intermediate.
+    output into its padded buffer in the adjoint. The intermediates take
+    turns in two byte buffers (a stage reads one and writes the other), sized
+    for the largest intermediate, whatever their dtypes: two batch-sized
+    buffers per grid, not one per intermediate and operator.
     """
 
-    def __init__(self, stages, spec, physical=None):
+    _SLOTS = ("pipeline-a", "pipeline-b")
+
+    def __init__(self, stages, spec, physical=None, workspace=None):
         self.stages = list(stages)
         self.physical = dict(physical or {})
         self.specs = [spec]
         for stage in self.stages:
             self.specs.append(stage._output(FORWARD, self.specs[-1])[0])
-        self._workspace = backend.Workspace()
+        self._workspace = backend.Workspace() if workspace is None else workspace
+        self._slot_bytes = max(math.prod(sp.shape) * sp.dtype.itemsize for sp in self.specs)
 
     def _order(self, boundary):
         return self.physical.get(boundary, tuple(range(len(self.specs[boundary].shape))))
 
-    def _buffer(self, boundary, like):
+    def _buffer(self, boundary, like, slot):
+        """The intermediate at ``boundary`` in byte buffer ``slot`` (0 or 1), in its physical order."""
         spec = self.specs[boundary]
         order = self._order(boundary)
-        flat = self._workspace.scratch(f"b{boundary}", like, math.prod(spec.shape), spec.dtype)
+        raw = self._workspace.scratch(self._SLOTS[slot], like, self._slot_bytes, numpy.uint8)
+        count = math.prod(spec.shape)
+        flat = raw[:count * spec.dtype.itemsize].view(spec.dtype)
         buf = flat.reshape(tuple(spec.shape[i] for i in order))
         return buf.transpose(numpy.argsort(order))
 
     def nbytes(self):
-        """Bytes of the intermediate buffers held now."""
+        """Bytes of the buffers held now in this pipeline's workspace (shared with others on the grid)."""
         return self._workspace.nbytes()
 
     @staticmethod
@@ -491,11 +555,13 @@ class Pipeline:
         # the last stage that does work writes into out when only skipped stages follow it
         into_out = runs[-1] if runs and all(a == "skip" for _, a in actions[runs[-1] + 1:]) else None
         current = x
+        slot = None  # the byte buffer current lives in; None: the caller's x (or a view of it)
         nonzero = None  # orders from here on are zero (after a zero padding)
         i = 0
         while i < len(actions):
             k, action = actions[i]
             stage = self.stages[k]
+            following_slot = 0 if slot is None else 1 - slot
             if action == "view":
                 current = self._truncation(stage, direction)[0].view(current)
             elif action == "run":
@@ -507,22 +573,22 @@ class Pipeline:
                     else (None, None)
                 if role == "pad":
                     dst = actions[j][0] + 1 if direction == FORWARD else actions[j][0]
-                    padded = out if j == into_out else self._buffer(dst, current)
+                    padded = out if j == into_out else self._buffer(dst, current, following_slot)
                     stage._run(direction, current, following.embed(padded), context)
-                    current = padded
+                    current, slot = padded, following_slot
                     i = j
                     nonzero = following.mmax
-                elif current is not x and hasattr(stage, "_run_consuming"):
+                elif slot is not None and hasattr(stage, "_run_consuming"):
                     # the input is this pipeline's own buffer: the stage may overwrite it
                     dst = k + 1 if direction == FORWARD else k
-                    target = out if i == into_out else self._buffer(dst, current)
+                    target = out if i == into_out else self._buffer(dst, current, following_slot)
                     stage._run_consuming(direction, current, target, context, nonzero)
-                    current = target
+                    current, slot = target, following_slot
                 else:
                     dst = k + 1 if direction == FORWARD else k
-                    target = out if i == into_out else self._buffer(dst, current)
+                    target = out if i == into_out else self._buffer(dst, current, following_slot)
                     stage._run(direction, current, target, context)
-                    current = target
+                    current, slot = target, following_slot
             i += 1
         if current is not out:
             backend.copy_into(out, current)

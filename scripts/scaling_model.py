@@ -1,0 +1,229 @@
+"""A strong-scaling model of the distributed SHT, built on mpisphere.sht.costs and measured one-rank rates.
+
+    python scripts/scaling_model.py                     # 721 x 1440, 100 fields, float64 and float32, 1..1024 ranks
+    python scripts/scaling_model.py --markdown          # the tables of docs/scaling.md
+    mpiexec -n 4 python scripts/scaling_model.py --check   # the model against a measured run on this machine
+
+Per rank and transform (forward; the inverse has the same counts reversed),
+from :func:`mpisphere.sht.costs.sht_costs` (the counts a test checks against
+the bytes handed to MPI): Legendre multiply-adds, FFT flops, table bytes,
+bytes and messages of each of the four transposes. Time:
+
+    T = max over ranks of (Legendre multiply-adds / R_L + FFT flops / R_F + bytes packed and unpacked / R_C)
+        + sum over the four transposes of max over ranks of (messages * latency + bytes sent / bandwidth)
+
+R_L, R_F and R_C (multiply-adds, flops and copied bytes a second) are
+measured here on one core at start-up; latency and bandwidth are a stated
+network model (--latency-us, --bandwidth-gbs: per rank, defaults 2 us and
+6.25 GB/s, an HDR InfiniBand NIC's 25 GB/s shared by 4 ranks a node; with
+one rank per GPU and one NIC per GPU use --bandwidth-gbs 25). Each rank
+count gets the grid shape (npolar x nazimuth) with the smallest modelled time.
+
+torch-harmonics' distributed SHT is modelled on the same terms: the same
+four transposes with its padded splits, and its Legendre step as one
+contraction over the full rectangle of (l, m) and all latitudes (no
+triangle, no parity split): 4 times the multiply-adds of mpisphere's.
+"""
+
+import argparse
+import math
+import sys
+import time
+
+import numpy
+
+from mpisphere import truncate_sht
+from mpisphere.sht.costs import sht_costs
+
+
+def _median_seconds(fn, repeats=5):
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
+def measure_rates(dtype):
+    """Multiply-adds/s of the Legendre contraction, flops/s of the real FFT, bytes/s of a transposing copy."""
+    from mpi4py import MPI
+
+    from mpisphere import DistributedRealSHT, ProcessGrid
+    from mpisphere.sht import contraction
+    from mpisphere.sht.stages import FourierStage
+    nlat, nlon, batch = 361, 720, 8
+    with ProcessGrid(MPI.COMM_SELF) as grid:
+        sht = DistributedRealSHT(grid, nlat, nlon, dtype=dtype)
+        cdtype = sht.cdtype
+        rng = numpy.random.default_rng(0)
+        fourier = (rng.standard_normal((nlat, sht.mmax, batch)) + 0j).astype(cdtype)
+        spectral = numpy.empty((sht.lmax, sht.mmax, batch), cdtype)
+        real = lambda a: a.view(a.real.dtype)  # noqa: E731
+        workspace = type(grid.scratch)()
+        seconds = _median_seconds(lambda: contraction.analyze(sht.tables, real(fourier), real(spectral), workspace))
+        rate_legendre = sht.tables.multiply_adds(2 * batch) / seconds
+        stage = FourierStage(nlon, dtype, False, sht.domain, sht.fft)
+        x = rng.standard_normal((batch, nlat, nlon)).astype(dtype)
+        spectrum = numpy.empty((batch, nlat, nlon // 2 + 1), cdtype)
+        seconds = _median_seconds(lambda: stage._rfft(x, "forward", spectrum))
+        rate_fft = 2.5 * nlon * math.log2(nlon) * batch * nlat / seconds
+        source = rng.standard_normal((batch, nlat, 360, 2)).astype(dtype)
+        target = numpy.empty((nlat, 360, 2, batch), dtype)
+        seconds = _median_seconds(lambda: numpy.copyto(target, source.transpose(1, 2, 3, 0)))
+        rate_copy = source.nbytes / seconds
+    return rate_legendre, rate_fft, rate_copy
+
+
+def th_costs(nlat, nlon, lmax, mmax, npolar, nazimuth, batch, itemsize):
+    """torch-harmonics' algorithm in the same terms: padded splits, full-rectangle Legendre."""
+    pad = lambda n, p: -(-n // p)  # noqa: E731
+    padded = pad(batch, max(npolar, nazimuth)) * max(npolar, nazimuth)
+    h, w, m, l = pad(nlat, npolar), pad(nlon, nazimuth), pad(mmax, nazimuth), pad(lmax, npolar)
+    bp, ba = padded // npolar, padded // nazimuth
+    madds = 2 * bp * m * lmax * nlat
+    fft = 2.5 * nlon * math.log2(nlon) * ba * h
+    c = 2 * itemsize
+    sent = ((padded - ba) * h * w * itemsize, ba * h * (mmax - m) * c, (padded - bp) * h * m * c,
+            bp * (lmax - l) * m * c)
+    messages = (nazimuth - 1, nazimuth - 1, npolar - 1, npolar - 1)
+    return madds, fft, sent, messages
+
+
+def model_time(costs, rates, latency, bandwidth):
+    rate_legendre, rate_fft, rate_copy = rates
+    compute = max(c.legendre_multiply_adds / rate_legendre + c.fft_flops / rate_fft + 2 * sum(c.sent) / rate_copy
+                  for c in costs)
+    communicate = sum(max(c.messages[t] * latency + c.sent[t] / bandwidth for c in costs) for t in range(4))
+    return compute, communicate
+
+
+def shapes(ranks, nlat, lmax):
+    return [(p, ranks // p) for p in range(1, ranks + 1) if ranks % p == 0 and p <= min(nlat, lmax)
+            and ranks // p <= lmax]
+
+
+def scaling_rows(nlat, nlon, batch, dtype, rates, latency, bandwidth, rank_counts, orders="balanced"):
+    lmax, mmax = truncate_sht(nlat, nlon)
+    itemsize = numpy.dtype(dtype).itemsize
+    rows = []
+    for ranks in rank_counts:
+        best = None
+        for npolar, nazimuth in shapes(ranks, nlat, lmax):
+            costs = sht_costs(nlat, nlon, lmax, mmax, npolar, nazimuth, batch=batch, dtype=dtype, orders=orders)
+            compute, communicate = model_time(costs, rates, latency, bandwidth)
+            if best is None or compute + communicate < best[0]:
+                best = (compute + communicate, compute, communicate, npolar, nazimuth, costs)
+        total, compute, communicate, npolar, nazimuth, costs = best
+        worst = max(costs, key=lambda c: c.legendre_multiply_adds)
+        th_best = None
+        for p, a in shapes(ranks, nlat, lmax):
+            madds, fft, sent, messages = th_costs(nlat, nlon, lmax, mmax, p, a, batch, itemsize)
+            t = madds / rates[0] + fft / rates[1] + 2 * sum(sent) / rates[2] + sum(
+                messages[i] * latency + sent[i] / bandwidth for i in range(4))
+            th_best = t if th_best is None else min(th_best, t)
+        rows.append({"ranks": ranks, "grid": f"{npolar}x{nazimuth}",
+                     "legendre_gmadd": worst.legendre_multiply_adds / 1e9,
+                     "fft_gflop": max(c.fft_flops for c in costs) / 1e9,
+                     "table_mb": max(c.table_bytes for c in costs) / 2 ** 20,
+                     "scratch_mb": max(c.scratch_bytes for c in costs) / 2 ** 20,
+                     "sent_mb": [max(c.sent[t] for c in costs) / 2 ** 20 for t in range(4)],
+                     "messages": [max(c.messages[t] for c in costs) for t in range(4)],
+                     "compute_s": compute, "communicate_s": communicate, "time_s": total,
+                     "torch_harmonics_s": th_best})
+    base = rows[0]["time_s"] * rows[0]["ranks"]
+    for row in rows:
+        row["efficiency"] = base / (row["time_s"] * row["ranks"])
+    return rows
+
+
+def print_rows(rows, markdown):
+    if markdown:
+        print("| ranks | grid | Legendre Gmadd | FFT Gflop | tables MB | scratch MB | sent MB (lon, m, lat, l) "
+              "| messages | compute s | network s | time s | efficiency | torch-harmonics model s |")
+        print("| ---: | --- | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    for r in rows:
+        sent = ", ".join(f"{v:.0f}" if v >= 10 else f"{v:.1f}" for v in r["sent_mb"])
+        messages = ", ".join(str(v) for v in r["messages"])
+        cells = [str(r["ranks"]), r["grid"], f"{r['legendre_gmadd']:.2f}", f"{r['fft_gflop']:.2f}",
+                 f"{r['table_mb']:.0f}", f"{r['scratch_mb']:.0f}", sent, messages, f"{r['compute_s']:.4f}",
+                 f"{r['communicate_s']:.4f}", f"{r['time_s']:.4f}", f"{r['efficiency']:.2f}",
+                 f"{r['torch_harmonics_s']:.4f}"]
+        print("| " + " | ".join(cells) + " |" if markdown else "  ".join(cells))
+
+
+def check(args):
+    """Model against measurement on this machine: the transform on every grid shape of this launch."""
+    from mpi4py import MPI
+
+    from mpisphere import DistributedRealSHT, ProcessGrid
+    world = MPI.COMM_WORLD
+    dtype = numpy.dtype(args.check_dtype)
+    rates = measure_rates(dtype) if world.Get_rank() == 0 else None
+    rates = world.bcast(rates)
+    # this machine's "network": shared memory, probed with one Alltoall per message size
+    probe = []
+    for nbytes in (8, 1 << 20):
+        count = nbytes // 8
+        send = numpy.zeros(count * world.Get_size())
+        recv = numpy.empty_like(send)
+        seconds = _median_seconds(lambda: world.Alltoall(send, recv), 9)
+        probe.append(world.allreduce(seconds, op=MPI.MAX))
+    if world.Get_size() == 1:
+        latency, bandwidth = 0.0, math.inf
+    else:
+        latency = probe[0] / (world.Get_size() - 1)
+        bandwidth = (1 << 20) * (world.Get_size() - 1) / max(probe[1] - probe[0], 1e-9)
+    nlat, nlon, batch = 361, 720, args.check_batch
+    lmax, mmax = truncate_sht(nlat, nlon)
+    for npolar, nazimuth in shapes(world.Get_size(), nlat, lmax):
+        with ProcessGrid(world, npolar, nazimuth) as grid:
+            sht = DistributedRealSHT(grid, nlat, nlon, dtype=dtype, orders="balanced")
+            x = numpy.random.default_rng(grid.rank).standard_normal((batch,) + sht.tile_shape).astype(dtype)
+            out = sht.forward(x)
+
+            def run():
+                grid.cart.Barrier()
+                sht.forward(x, out=out)
+            measured = grid.cart.allreduce(_median_seconds(run, 7), op=MPI.MAX)
+        costs = sht_costs(nlat, nlon, lmax, mmax, npolar, nazimuth, batch=batch, dtype=dtype, orders="balanced")
+        compute, communicate = model_time(costs, rates, latency, bandwidth)
+        if world.Get_rank() == 0:
+            model = (compute + communicate) * 1e3
+            print(f"{npolar}x{nazimuth}: measured {measured * 1e3:.1f} ms, model {model:.1f} ms "
+                  f"(compute {compute * 1e3:.1f}, network {communicate * 1e3:.1f}; latency {latency * 1e6:.1f} us, "
+                  f"bandwidth {bandwidth / 1e9:.1f} GB/s probed), {batch} x {nlat} x {nlon} {dtype.name}")
+    return 0
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nlat", type=int, default=721)
+    parser.add_argument("--nlon", type=int, default=1440)
+    parser.add_argument("--batch", type=int, default=100)
+    parser.add_argument("--latency-us", type=float, default=2.0)
+    parser.add_argument("--bandwidth-gbs", type=float, default=6.25)
+    parser.add_argument("--max-ranks", type=int, default=1024)
+    parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--check", action="store_true", help="compare with a measured run (under mpiexec)")
+    parser.add_argument("--check-batch", type=int, default=32)
+    parser.add_argument("--check-dtype", default="float64")
+    args = parser.parse_args(argv)
+    if args.check:
+        return check(args)
+    counts = [2 ** k for k in range(int(math.log2(args.max_ranks)) + 1)]
+    for dtype in (numpy.float64, numpy.float32):
+        rates = measure_rates(dtype)
+        lmax, mmax = truncate_sht(args.nlat, args.nlon)
+        print(f"\n{args.batch} x {args.nlat} x {args.nlon} {numpy.dtype(dtype).name}, lmax = mmax = {lmax}, balanced "
+              f"orders; rates on one core: Legendre {rates[0] / 1e9:.2f} Gmadd/s, FFT {rates[1] / 1e9:.2f} Gflop/s, "
+              f"copies {rates[2] / 1e9:.2f} GB/s; network {args.latency_us} us, {args.bandwidth_gbs} GB/s a rank\n")
+        rows = scaling_rows(args.nlat, args.nlon, args.batch, dtype, rates, args.latency_us * 1e-6,
+                            args.bandwidth_gbs * 1e9, counts)
+        print_rows(rows, args.markdown)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
