@@ -175,6 +175,54 @@ def bench_ducc0(args):
     return rows
 
 
+def bench_interleaved(args):
+    """One rank: mpisphere and ducc0 timed in alternation, round by round, so drift hits both alike."""
+    import ducc0
+    nlat, nlon, batch = args.nlat, args.nlon, args.batch
+    dtype = numpy.dtype(args.dtype)
+    geometry = {"equiangular": "CC", "legendre-gauss": "GL"}[args.quadrature]
+    with ProcessGrid(MPI.COMM_SELF) as grid:
+        options = dict(quadrature=args.quadrature, dtype=dtype, fft=args.fft)
+        sht = DistributedRealSHT(grid, nlat, nlon, args.lmax, args.lmax, **options)
+        isht = DistributedInverseRealSHT(grid, nlat, nlon, args.lmax, args.lmax, **options)
+        lmax = sht.lmax - 1
+        x = numpy.random.default_rng(0).standard_normal((batch, nlat, nlon)).astype(dtype)
+        c = sht.forward(x)
+        y = numpy.empty_like(x)
+        maps = x.reshape(batch, 1, nlat, nlon)
+        alm = numpy.zeros((batch, 1, (lmax + 1) * (lmax + 2) // 2), dtype=sht.cdtype)
+
+        def ducc_adjoint_synthesis():
+            for b in range(batch):
+                ducc0.sht.experimental.adjoint_synthesis_2d(map=maps[b], alm=alm[b], spin=0, lmax=lmax,
+                                                            geometry=geometry, nthreads=1)
+
+        def ducc_synthesis():
+            for b in range(batch):
+                ducc0.sht.experimental.synthesis_2d(alm=alm[b], map=maps[b], spin=0, lmax=lmax, geometry=geometry,
+                                                    nthreads=1)
+        cases = {"forward out=": lambda: sht.forward(x, out=c), "ducc0 adjoint_synthesis_2d": ducc_adjoint_synthesis,
+                 "inverse out=": lambda: isht.forward(c, out=y), "ducc0 synthesis_2d": ducc_synthesis}
+        times = {name: [] for name in cases}
+        for fn in cases.values():
+            fn()
+        for _ in range(args.repeats):
+            for name, fn in cases.items():
+                start = time.perf_counter()
+                fn()
+                times[name].append((time.perf_counter() - start) * 1e3)
+    med = {name: float(numpy.median(t)) for name, t in times.items()}
+    for name, value in med.items():
+        print(f" 1x1 {name:28s} {value:8.1f} ms (median of {args.repeats} rounds, interleaved)")
+    ratio_f = numpy.median(numpy.array(times["forward out="]) / numpy.array(times["ducc0 adjoint_synthesis_2d"]))
+    ratio_i = numpy.median(numpy.array(times["inverse out="]) / numpy.array(times["ducc0 synthesis_2d"]))
+    print(f"ratios (median of per-round ratios): forward / adjoint_synthesis_2d = {ratio_f:.2f}, "
+          f"inverse / synthesis_2d = {ratio_i:.2f}; lmax = mmax = {lmax + 1} degrees, fft {sht.fft}")
+    return [{"case": name, "median_ms": value} for name, value in med.items()] + [
+        {"case": "ratio forward/adjoint_synthesis_2d", "value": float(ratio_f)},
+        {"case": "ratio inverse/synthesis_2d", "value": float(ratio_i)}]
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nlat", type=int, default=361)
@@ -194,12 +242,21 @@ def main(argv=None):
     parser.add_argument("--vector", action="store_true",
                         help="also the vector transforms against scalar ones, and ducc0 with spin 1")
     parser.add_argument("--vector-only", action="store_true", help="only the vector rows")
+    parser.add_argument("--interleaved", action="store_true",
+                        help="one rank: mpisphere and ducc0 alternately, round by round (the fair ratio)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     args.vector = args.vector or args.vector_only
     if args.large:
         args.nlat, args.nlon = 721, 1440
     world = MPI.COMM_WORLD
+    if args.interleaved:
+        rows = bench_interleaved(args)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"meta": {"nlat": args.nlat, "nlon": args.nlon, "batch": args.batch, "lmax": args.lmax,
+                                    "fft": args.fft, "dtype": args.dtype}, "rows": rows}, f, indent=1)
+        return 0
     xp, sync = numpy, None
     if args.device == "gpu":
         mpisphere.select_device(world)
