@@ -151,3 +151,20 @@ def test_vector_input_checks(grid):
         vsht.forward(numpy.zeros((3,) + vsht.tile_shape))
     with pytest.raises(TypeError, match="positional"):
         DistributedRealVectorSHT(grid, 13, 24, None, None, "legendre-gauss")
+
+
+@pytest.mark.parametrize("block_bytes", [1, 3000])
+def test_degree_coupling_in_blocks_of_orders_gives_the_same_result(grid, monkeypatch, block_bytes):
+    """The coupling runs in blocks of orders on the host (cache); any block size gives the same numbers."""
+    from mpisphere.sht.stages import VectorCoupling
+    nlat, nlon = 21, 40
+    whole = {}
+    for label, size in (("one block", 1 << 40), ("blocks", block_bytes)):
+        monkeypatch.setattr(VectorCoupling, "_HOST_BLOCK_BYTES", size)
+        vsht = DistributedRealVectorSHT(grid, nlat, nlon, quadrature="legendre-gauss")
+        ivsht = DistributedInverseRealVectorSHT(grid, nlat, nlon, quadrature="legendre-gauss")
+        x = numpy.random.default_rng(11 + grid.rank).standard_normal((3, 2) + vsht.tile_shape)
+        c = vsht.forward(x)
+        whole[label] = (c, vsht.adjoint(c), ivsht.forward(c), ivsht.adjoint(x))
+    for a, b in zip(whole["one block"], whole["blocks"]):
+        assert numpy.array_equal(a, b)

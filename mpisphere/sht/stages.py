@@ -417,25 +417,35 @@ class VectorCoupling(_LocalStage):
                                           for c in (self.alpha, self.beta, self.delta, self.g))
         return self._device[key]
 
+    # orders per block on the host: the six passes of a block stay in cache instead of six passes over memory
+    # (about 4x faster at 361 x 720, 32 winds); on a GPU one block (fewer kernel launches)
+    _HOST_BLOCK_BYTES = 1 << 20
+
     def _run(self, direction, x, out, context):
         # component c of a (B, 2, L, m) array as (L, m, B): a view in the batch-innermost layout
         a, b = (x[:, c].transpose(1, 2, 0) for c in (0, 1))
         s, t = (out[:, c].transpose(1, 2, 0) for c in (0, 1))
-        alpha, beta, delta, g = self._coefficients(x)
-        if direction == FORWARD:
-            self._couple(a, b, s, alpha, beta, delta, g, +1)
-            self._couple(b, a, t, alpha, beta, delta, g, -1)
-        else:
-            self._transpose(a, b, s, alpha, beta, delta, g, +1)
-            self._transpose(b, a, t, alpha, beta, delta, g, -1)
+        coefficients = self._coefficients(x)
+        per_order = max(self.lin, self.lout) * x.shape[0] * x.itemsize
+        step = self.count if backend.is_device_array(x) else max(1, self._HOST_BLOCK_BYTES // max(per_order, 1))
+        for first in range(0, self.count, step):
+            orders = slice(first, min(first + step, self.count))
+            alpha, beta, delta, g = (c[:, orders] for c in coefficients)
+            ab, bb, sb, tb = (v[:, orders] for v in (a, b, s, t))
+            if direction == FORWARD:
+                self._couple(ab, bb, sb, alpha, beta, delta, g, +1, orders)
+                self._couple(bb, ab, tb, alpha, beta, delta, g, -1, orders)
+            else:
+                self._transpose(ab, bb, sb, alpha, beta, delta, g, +1, orders)
+                self._transpose(bb, ab, tb, alpha, beta, delta, g, -1, orders)
 
-    def _couple(self, same, other, result, alpha, beta, delta, g, sign):
+    def _couple(self, same, other, result, alpha, beta, delta, g, sign, orders):
         """``result_l = sign (alpha_l same_{l+1} + beta_l same_{l-1} + delta_l same_l) + i g_l other_l``."""
         lin, lout = self.lin, self.lout
         n = min(lin, lout)
         numpy.multiply(1j * g[:n], other[:n], out=result[:n])
         result[n:] = 0
-        self._add_diagonal(result[:n], same[:n], delta[:n], sign)
+        self._add_diagonal(result[:n], same[:n], delta[:n], sign, orders)
         scratch = self._scratch(result)
         for coef, shift in ((alpha, 1), (beta, -1)):
             lo, hi = max(0, -shift), min(lout, lin - shift)  # l with 0 <= l + shift < lin
@@ -444,14 +454,14 @@ class VectorCoupling(_LocalStage):
                 numpy.multiply(sign * coef[lo:hi], same[lo + shift:hi + shift], out=part)
                 result[lo:hi] += part
 
-    def _transpose(self, s, t, result, alpha, beta, delta, g, sign):
+    def _transpose(self, s, t, result, alpha, beta, delta, g, sign, orders):
         """The adjoint of :meth:`_couple`: ``result_k = sign (alpha_{k-1} s_{k-1} + beta_{k+1} s_{k+1} +
         delta_k s_k) - i g_k t_k`` (``s`` the same output component, ``t`` the other)."""
         lin, lout = self.lin, self.lout
         n = min(lin, lout)
         numpy.multiply(-1j * g[:n], t[:n], out=result[:n])
         result[n:] = 0
-        self._add_diagonal(result[:n], s[:n], delta[:n], sign)
+        self._add_diagonal(result[:n], s[:n], delta[:n], sign, orders)
         scratch = self._scratch(result)
         for coef, shift in ((alpha, 1), (beta, -1)):
             lo, hi = max(0, -shift), min(lout, lin - shift)  # output degree l feeds input degree l + shift
@@ -460,14 +470,19 @@ class VectorCoupling(_LocalStage):
                 numpy.multiply(sign * coef[lo:hi], s[lo:hi], out=part)
                 result[lo + shift:hi + shift] += part
 
-    def _add_diagonal(self, result, same, delta, sign):
-        """``result += sign delta same``, on the orders where ``delta`` is not zero (``m = 0`` only)."""
-        columns = self._delta_columns
-        if columns.stop > columns.start:
+    def _add_diagonal(self, result, same, delta, sign, orders):
+        """``result += sign delta same``, on the orders where ``delta`` is not zero (``m = 0`` only).
+
+        The arrays hold the block of orders ``orders`` (a slice of this rank's orders).
+        """
+        start = max(self._delta_columns.start, orders.start) - orders.start
+        stop = min(self._delta_columns.stop, orders.stop) - orders.start
+        if stop > start:
+            columns = slice(start, stop)
             result[:, columns] += (sign * delta[:, columns]) * same[:, columns]
 
     def _scratch(self, like):
-        """A reused ``(L, m_loc, B)`` buffer for the products (the backend's array type, ``like``'s device)."""
+        """A reused ``(L, orders, B)`` buffer for the products (the backend's array type, ``like``'s device)."""
         shape = (max(self.lin, self.lout),) + tuple(like.shape[1:])
         return self._workspace.scratch("coupling", like, math.prod(shape), like.dtype).reshape(shape)
 
