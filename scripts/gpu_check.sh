@@ -47,7 +47,15 @@ step() {  # step NAME SECONDS COMMAND...: run with a timeout, log to OUT/NAME.lo
 }
 
 ls .whl/*.whl >/dev/null 2>&1 || { echo "gpu_check: no wheels in .whl/: run 'scripts/gpu_check.sh fetch' here and carry .whl" >&2; exit 1; }
-python3 -m venv --system-site-packages /tmp/gpu-venv || exit 1
+# the image's python3 is itself a virtual environment (CuPy, PyTorch, pytest live in it): a venv made from it
+# sees only the base interpreter's packages, so a .pth file adds the image's site-packages after the wheels'
+PYTHON=${PYTHON:-python3}
+image_site=$("$PYTHON" -c 'import site; print(site.getsitepackages()[0])') || exit 1
+"$PYTHON" -m venv /tmp/gpu-venv || exit 1
+venv_site=$(/tmp/gpu-venv/bin/python -c 'import site; print(site.getsitepackages()[0])')
+echo "$image_site" > "$venv_site/_image_packages.pth"
+# into the venv, not --target: the mpich wheel's libmpi and mpiexec go to the venv's lib/ and bin/, where
+# mpi4py looks for them
 /tmp/gpu-venv/bin/python -m pip install -q --no-index --no-deps --no-compile --no-cache-dir .whl/*.whl || exit 1
 export PATH=/tmp/gpu-venv/bin:$PATH PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MPISPHERE_MPIEXEC="/tmp/gpu-venv/bin/mpiexec"
@@ -55,6 +63,9 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/nvi
 python -c 'import cupy, mpi4py.MPI as M, numpy; print("cupy", cupy.__version__, "devices", cupy.cuda.runtime.getDeviceCount(), "numpy", numpy.__version__, M.Get_library_version().splitlines()[0])' \
   | tee "$OUT/versions.txt"
 
+# without a working CuPy and device every GPU test would only be skipped: that is a failure here, not a pass
+step cupy 60 python -c 'import cupy; n = cupy.cuda.runtime.getDeviceCount(); assert n > 0, "no CUDA device"; print(n, "device(s):", cupy.cuda.runtime.getDeviceProperties(0)["name"])' \
+  || { echo "gpu_check: CuPy or the device is not usable: the GPU tests would all be skipped"; exit 1; }
 step diagnose 120 mpiexec -n 2 python -m mpisphere diagnose || failed=1
 cuda_aware=0
 grep -q "CUDA-aware MPI: yes" "$OUT/diagnose.log" && cuda_aware=1
