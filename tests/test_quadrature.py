@@ -54,7 +54,9 @@ def test_gauss_matches_numpy(n):
     theta, w = legendre_gauss(n)
     x_ref, w_ref = npleg.leggauss(n)
     numpy.testing.assert_allclose(numpy.cos(theta), x_ref[::-1], atol=1e-14)
-    numpy.testing.assert_allclose(w, w_ref[::-1], rtol=5e-12)  # NumPy's own error reaches ~2e-12
+    # NumPy's own small polar weights carry relative errors that depend on its version (6.4e-12 at n = 100 in
+    # NumPy 2.2, 2e-12 in 2.4): compare on the scale of the largest weight, where both agree to about 1e-13
+    numpy.testing.assert_allclose(w, w_ref[::-1], rtol=0, atol=1e-12 * w_ref.max())
 
 
 @pytest.mark.parametrize("n", [361, 721, 1441])

@@ -5,6 +5,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <fenv.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,8 +22,24 @@ static int report(PyObject *result)
     return 0;
 }
 
+static int start(int comm, int nlat, int nlon, int npolar, int nazimuth, int lat_first, int lat_last,
+                 int lon_first, int lon_last);
+
 int mps_start(int comm, int nlat, int nlon, int npolar, int nazimuth, int lat_first, int lat_last,
               int lon_first, int lon_last)
+{
+    /* The model's floating-point traps stay off while Python starts and imports NumPy (NumPy 2.2's import
+       computes float limits that trap; 2.4's does not), and are back on for every mpisphere call. */
+    fenv_t traps;
+    feholdexcept(&traps);
+    int status = start(comm, nlat, nlon, npolar, nazimuth, lat_first, lat_last, lon_first, lon_last);
+    feclearexcept(FE_ALL_EXCEPT);
+    fesetenv(&traps);
+    return status;
+}
+
+static int start(int comm, int nlat, int nlon, int npolar, int nazimuth, int lat_first, int lat_last,
+                 int lon_first, int lon_last)
 {
     if (!Py_IsInitialized()) {
         /* MPS_PYTHON names the interpreter (a virtual environment's python): started as that program,
