@@ -60,8 +60,8 @@ from mpi4py import MPI
 
 from . import backend, collectives, dtypes
 from .settings import config
-from .operators import (ADJOINT, DISTRIBUTED, FORWARD, Context, InputError, Layout, LinearOperator, Spec, agree,
-                        call_description, check_out, digest)
+from .operators import (ADJOINT, DISTRIBUTED, FORWARD, AdjointOperator, Context, InputError, Layout, LinearOperator,
+                        Spec, agree, call_description, check_out, digest)
 from .partition import check_int, split_sizes
 from .primitives import GatherFromCopyTo
 
@@ -591,7 +591,7 @@ class HaloExchange(LinearOperator):
         self._workspace.clear()
 
 
-class HaloReduce(LinearOperator):
+class HaloReduce(AdjointOperator):
     """The adjoint of :class:`HaloExchange` as an operator of its own.
 
     ``forward``: ``(..., h + 2*rows, w + 2*cols)`` -> ``(..., h, w)``, the
@@ -602,11 +602,11 @@ class HaloReduce(LinearOperator):
     """
 
     def __init__(self, grid, rows, cols=0, *, extents=None, poles="zero", signs=None):
-        self.op = _NamedHaloExchange(grid, rows, cols, extents=extents, poles=poles, signs=signs)
-        self.domain, self.range = self.op.range, self.op.domain
-        self._comm = self.op._comm
+        super().__init__(_NamedHaloExchange(grid, rows, cols, extents=extents, poles=poles, signs=signs))
 
-    _flip = {FORWARD: ADJOINT, ADJOINT: FORWARD}
+    @property
+    def name(self):
+        return "HaloReduce"
 
     @property
     def needs_own_agreement(self):
@@ -615,25 +615,8 @@ class HaloReduce(LinearOperator):
     def _apply(self, direction, x, out, label=None, runner=None):
         return self.op._call(self._flip[direction], x, out, who=f"HaloReduce.{direction}")
 
-    def _output(self, direction, spec):
-        return self.op._output(self._flip[direction], spec)
-
     def _describe(self):
         return self.op._describe()
-
-    def _run(self, direction, x, out, context):
-        self.op._run(self._flip[direction], x, out, context)
-
-    def _shapes(self, lead):
-        domain, range_ = self.op._shapes(lead)
-        return range_, domain
-
-    def _guard_lock(self):
-        return self.op._guard_lock()
-
-    @property
-    def H(self):
-        return self.op
 
 
 class _NamedHaloExchange(HaloExchange):
