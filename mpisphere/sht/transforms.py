@@ -314,22 +314,28 @@ class _Transform(LinearOperator):
         """``2 pi w_k`` for an analysis (applied in its contraction), None for a synthesis."""
         return 2.0 * math.pi * self.weights if self._table_kind == "analysis" else None
 
+    def _degree_stages(self):
+        """Local stages between the Legendre step and the degree transpose (none for scalar fields)."""
+        return []
+
     def _build_pipeline(self, batch):
         lon, orders, lat, degrees = self._transposes(batch, self.lmax)
-        half = self.nlon // 2 + 1
         legendre = LegendreStage(self.tables, self.nlat, self.cdtype, self.contraction, self._layout,
                                  self._legendre_weights())
         fourier = FourierStage(self.nlon, self.dtype, self._synthesis, self._layout, self.fft)
-        truncation = Truncation(self.mmax, half, self._layout, order_permutation(self._assignment))
-        c = self._components
-        h, w = self.tile_shape
+        truncation = Truncation(self.mmax, self.nlon // 2 + 1, self._layout, order_permutation(self._assignment))
+        extra = self._degree_stages()
+        # the Legendre step and what follows it want the batch innermost: those boundaries are held so
+        innermost = len(extra) + 2
         if not self._synthesis:
-            stages = [lon, fourier, truncation, orders, lat, legendre, degrees]
-            spec = Spec((batch, c, h, w), self.dtype, False)
-            return Pipeline(stages, spec, {5: BATCH_INNERMOST, 6: BATCH_INNERMOST}, self.grid.scratch)
-        stages = [degrees.H, legendre.H, lat.H, orders.H, truncation.H, fourier, lon.H]
-        spec = Spec((batch, c) + self.block_shape, self.cdtype, False)
-        return Pipeline(stages, spec, {1: BATCH_INNERMOST, 2: BATCH_INNERMOST}, self.grid.scratch)
+            stages = [lon, fourier, truncation, orders, lat, legendre, *extra, degrees]
+            spec = Spec((batch, self._components) + self.tile_shape, self.dtype, False)
+            physical = {5 + k: BATCH_INNERMOST for k in range(innermost)}
+        else:
+            stages = [degrees.H, *extra, legendre.H, lat.H, orders.H, truncation.H, fourier, lon.H]
+            spec = Spec((batch, self._components) + self.block_shape, self.cdtype, False)
+            physical = {1 + k: BATCH_INNERMOST for k in range(innermost)}
+        return Pipeline(stages, spec, physical, self.grid.scratch)
 
 
 class DistributedRealSHT(_Transform):
@@ -460,24 +466,10 @@ class _VectorTransform(_Transform):
         alpha, beta, delta, g = numpy.broadcast_arrays(alpha, beta, delta, g)
         return VectorCoupling(alpha, beta, delta, g, lin, self.cdtype, self._layout)
 
-    def _build_pipeline(self, batch):
-        lon, orders, lat, degrees = self._transposes(batch, self.lmax)
-        half = self.nlon // 2 + 1
-        legendre = LegendreStage(self.tables, self.nlat, self.cdtype, self.contraction, self._layout,
-                                 self._legendre_weights())
-        fourier = FourierStage(self.nlon, self.dtype, self._synthesis, self._layout, self.fft)
-        truncation = Truncation(self.mmax, half, self._layout, order_permutation(self._assignment))
-        coupling = self._coupling()
-        h, w = self.tile_shape
-        if not self._synthesis:
-            stages = [lon, fourier, truncation, orders, lat, legendre, coupling, degrees]
-            spec = Spec((batch, 2, h, w), self.dtype, False)
-            return Pipeline(stages, spec, {5: BATCH_INNERMOST, 6: BATCH_INNERMOST, 7: BATCH_INNERMOST},
-                            self.grid.scratch)
-        stages = [degrees.H, coupling, legendre.H, lat.H, orders.H, truncation.H, fourier, lon.H]
-        spec = Spec((batch, 2) + self.block_shape, self.cdtype, False)
-        return Pipeline(stages, spec, {1: BATCH_INNERMOST, 2: BATCH_INNERMOST, 3: BATCH_INNERMOST},
-                            self.grid.scratch)
+    def _degree_stages(self):
+        if getattr(self, "_coupling_stage", None) is None:
+            self._coupling_stage = self._coupling()  # once per operator, shared by its pipelines
+        return [self._coupling_stage]
 
 
 class DistributedRealVectorSHT(_VectorTransform):
