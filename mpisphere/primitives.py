@@ -626,8 +626,8 @@ class Transpose(_CommunicatorOperator):
             send, send_displs = x.reshape(-1), plan.direct_send_displs
         else:
             send, send_displs = buffers["send"], plan.packed_send_displs
-            if staged:
-                packed = backend.array_module(x).empty(send.size, x.dtype)
+            if staged:  # packed on the device in the buffer set's own workspace, then one copy to the host
+                packed = buffers["workspace"].scratch("packed", x, send.size)
                 plan.pack(x, packed)
                 backend.copy_to_host(packed, send)
             else:
@@ -645,7 +645,7 @@ class Transpose(_CommunicatorOperator):
             if direct:
                 return
             if staged:
-                arrived = backend.array_module(out).empty(recv.size, out.dtype)
+                arrived = buffers["workspace"].scratch("arrived", out, recv.size)
                 backend.copy_from_host(recv, arrived)
                 plan.unpack(arrived, out)
             else:
