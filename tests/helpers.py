@@ -45,3 +45,14 @@ def every_rank(size):
 def quoted(text, rank, size):
     """A regex for ``text`` as this rank's own line of an error quoting each rank (the first four are quoted)."""
     return rf"rank {rank} of {size}: {text}" if rank < 4 else rf"\| and {size - 4} more ranks?$"
+
+
+def tile(f, grid):
+    """This rank's tile of the whole field(s) ``f`` (..., nlat, nlon), C-contiguous."""
+    lat, lon = grid.local_slices(*f.shape[-2:])
+    return numpy.ascontiguousarray(f[..., lat, lon])
+
+
+def block(c, grid, lmax, mmax):
+    """This rank's block of the whole coefficients ``c`` (..., lmax, mmax) in the contiguous order layout."""
+    return c[..., chunk_slice(lmax, grid.npolar, grid.polar_rank), chunk_slice(mmax, grid.nazimuth, grid.azimuth_rank)]

@@ -6,17 +6,14 @@ import pytest
 from mpisphere import (DistributedInverseRealSHT, DistributedInverseRealVectorSHT, DistributedRealSHT,
                        DistributedRealVectorSHT, calculus, dottest, latitudes)
 
+from helpers import tile
+
 pytestmark = pytest.mark.mpi
 
 special = pytest.importorskip("scipy.special")
 
 NLAT, NLON, RADIUS = 24, 48, 6.37122e6
 RULE = "legendre-gauss"
-
-
-def tile(f, grid):
-    lat, lon = grid.local_slices(*f.shape[-2:])
-    return f[..., lat, lon]
 
 
 def harmonic(l, m):

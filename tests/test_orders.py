@@ -10,7 +10,7 @@ from mpisphere.sht import calculus
 from mpisphere.sht.costs import sht_costs, table_entries
 from mpisphere.sht.orders import order_assignment
 
-from helpers import random_array, rank_rng
+from helpers import random_array, rank_rng, tile
 
 TRANSFORMS = [DistributedRealSHT, DistributedInverseRealSHT, DistributedRealVectorSHT,
               DistributedInverseRealVectorSHT]
@@ -55,11 +55,6 @@ def test_balanced_layout_shares_tables_and_work_within_five_percent(nlat, nlon, 
 
 # --- transforms in both layouts (MPI) ------------------------------------------------------------
 
-def _tile(f, grid):
-    lat, lon = grid.local_slices(*f.shape[-2:])
-    return numpy.ascontiguousarray(f[..., lat, lon])
-
-
 @pytest.mark.mpi
 @pytest.mark.parametrize("cls", TRANSFORMS)
 def test_tables_are_what_the_cost_model_counts(grid, cls):
@@ -86,7 +81,7 @@ def test_balanced_equals_contiguous_after_reassembly(grid, rng, quadrature, vect
     for layout in ("contiguous", "balanced"):
         sht = forward_cls(grid, nlat, nlon, quadrature=quadrature, orders=layout)
         isht = inverse_cls(grid, nlat, nlon, quadrature=quadrature, orders=layout)
-        c = sht.forward(_tile(field, grid))
+        c = sht.forward(tile(field, grid))
         whole = sht.gather_coefficients(c)
         wholes[layout] = grid.cart.bcast(whole)
         # the block indices say which entries a rank holds, in either layout

@@ -12,7 +12,7 @@ from mpisphere import DistributedInverseRealSHT, DistributedRealSHT, ProcessGrid
 from mpisphere.partition import chunk_slice
 from mpisphere.quadrature import latitudes
 
-from helpers import quoted, random_array, rank_rng
+from helpers import block, quoted, random_array, rank_rng, tile
 
 pytestmark = pytest.mark.mpi
 
@@ -72,15 +72,6 @@ def exact_lmax(nlat, quadrature):
     """Largest truncation whose products the rule integrates exactly (the round trip is then exact)."""
     degree = mpisphere.quadrature.exact_degree(nlat, quadrature)
     return degree // 2 + 1
-
-
-def block(c, grid, lmax, mmax):
-    return c[..., chunk_slice(lmax, grid.npolar, grid.polar_rank), chunk_slice(mmax, grid.nazimuth, grid.azimuth_rank)]
-
-
-def tile(f, grid):
-    lat, lon = grid.local_slices(*f.shape[-2:])
-    return f[..., lat, lon]
 
 
 # --- forward and inverse against the reference ------------------------------------------

@@ -8,10 +8,9 @@ from mpi4py import MPI
 
 import mpisphere
 from mpisphere import DistributedInverseRealVectorSHT, DistributedRealVectorSHT, ProcessGrid, dottest
-from mpisphere.partition import chunk_slice
 from mpisphere.quadrature import latitudes
 
-from helpers import random_array
+from helpers import block, random_array, tile
 
 pytestmark = pytest.mark.mpi
 
@@ -19,15 +18,6 @@ special = pytest.importorskip("scipy.special")
 import vector_reference as reference  # noqa: E402  (needs scipy)
 
 QUADRATURES = ["equiangular", "legendre-gauss", "lobatto"]
-
-
-def block(c, grid, lmax, mmax):
-    return c[..., chunk_slice(lmax, grid.npolar, grid.polar_rank), chunk_slice(mmax, grid.nazimuth, grid.azimuth_rank)]
-
-
-def tile(f, grid):
-    lat, lon = grid.local_slices(*f.shape[-2:])
-    return f[..., lat, lon]
 
 
 @pytest.mark.parametrize("quadrature", QUADRATURES)
