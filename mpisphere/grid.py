@@ -11,6 +11,7 @@ other way round (see :class:`ProcessGrid`).
 
 import threading
 import warnings
+import weakref
 
 import numpy
 from mpi4py import MPI
@@ -198,6 +199,9 @@ class ProcessGrid:
         self.cuda_aware = cuda_aware.decide(self.cart)
         # the intermediates of the transforms on this grid: their runs never overlap (the lock), so they share
         self.scratch = backend.Workspace()
+        # Legendre tables shared by the transforms on this grid that need the same ones; held weakly, so they
+        # are freed with the last transform that uses them
+        self.table_cache = weakref.WeakValueDictionary()
 
     @classmethod
     def from_fortran(cls, handle, npolar=None, nazimuth=None, *, order="azimuth-fastest"):

@@ -310,6 +310,7 @@ class LegendreStage(_LocalStage):
         self.tables = tables
         real = numpy.empty(0, dtype).real.dtype
         self.weights = None if weights is None else numpy.ascontiguousarray(weights, dtype=real)
+        self._device_weights = {}
         self.nlat = nlat
         self.dtype = numpy.dtype(dtype)
         self.method = method
@@ -333,12 +334,11 @@ class LegendreStage(_LocalStage):
         """The weights in ``like``'s module (cached per device), or None."""
         if self.weights is None or not backend.is_device_array(like):
             return self.weights
-        cache = self.__dict__.setdefault("_device_weights", {})
         key = like.device.id
-        if key not in cache:
+        if key not in self._device_weights:
             with like.device:
-                cache[key] = backend.array_module(like).asarray(self.weights)
-        return cache[key]
+                self._device_weights[key] = backend.array_module(like).asarray(self.weights)
+        return self._device_weights[key]
 
     def _physical(self, a, name, copy_in):
         """``a`` as a real ``(n, m, 2 C B)`` array in the batch-innermost layout, and the scratch used (or None)."""

@@ -28,8 +28,8 @@ component axes travel together through the transposes; only the batch is
 split over ranks, never the two components of a vector field.
 """
 
+import functools
 import math
-import weakref
 
 import numpy
 
@@ -183,10 +183,6 @@ class _Transform(LinearOperator):
             whole = whole[..., order_permutation(self._assignment)]
         return self.grid.scatter(whole, root)
 
-    def orders_of(self, azimuth_rank):
-        """Global orders held by the ranks of azimuth rank ``azimuth_rank`` (for reassembling blocks)."""
-        return self._assignment[check_int(azimuth_rank, "azimuth_rank", self.name, minimum=0)].copy()
-
     @property
     def local_colatitudes(self):
         """Colatitudes (radians, north pole 0) of this rank's tile rows."""
@@ -294,7 +290,7 @@ class _Transform(LinearOperator):
 
         The cache holds them weakly: they are freed with the last transform that uses them.
         """
-        cache = self.grid.__dict__.setdefault("_tables", weakref.WeakValueDictionary())
+        cache = self.grid.table_cache
         key = (key, self.lmax, tuple(self.local_orders.tolist()), self.nlat, self.quadrature, self.csphase,
                self.dtype.str)
         tables = cache.get(key)
@@ -435,7 +431,9 @@ class _VectorTransform(_Transform):
         return self._shared_tables(("vector",), lambda: vector_tables(self.lmax, self.local_orders, self.theta, None,
                                                                       self.csphase, self.dtype))
 
+    @functools.cached_property
     def _coupling(self):
+        """The degree coupling of this transform, built once and shared by its pipelines."""
         m = self.local_orders[None, :].astype(float)
         analysis = self._table_kind == "analysis"
         if analysis:  # S_l from A_{l+1}, A_{l-1}, A_l, B_l for l < lmax
@@ -467,9 +465,7 @@ class _VectorTransform(_Transform):
         return VectorCoupling(alpha, beta, delta, g, lin, self.cdtype, self._layout)
 
     def _degree_stages(self):
-        if getattr(self, "_coupling_stage", None) is None:
-            self._coupling_stage = self._coupling()  # once per operator, shared by its pipelines
-        return [self._coupling_stage]
+        return [self._coupling]
 
 
 class DistributedRealVectorSHT(_VectorTransform):
