@@ -88,9 +88,11 @@ def test_balanced_equals_contiguous_after_reassembly(grid, rng, quadrature, vect
         assert numpy.array_equal(c, wholes[layout][..., sht.local_degrees[:, None], sht.local_orders[None, :]])
         assert numpy.array_equal(sht.scatter_coefficients(whole), c)
         fields[layout] = isht.forward(c)
-    # per order the same tables and the same arithmetic: equal to the last bit
-    assert numpy.array_equal(wholes["contiguous"], wholes["balanced"])
-    assert numpy.array_equal(fields["contiguous"], fields["balanced"])
+    # per order the same tables and the same arithmetic (equal to the last bit here); a BLAS kernel may still
+    # round an order's product differently at another alignment, so allow rounding on the output's scale
+    for got in (wholes, fields):
+        scale = abs(got["contiguous"]).max()
+        assert abs(got["contiguous"] - got["balanced"]).max() <= 64 * nlat * numpy.finfo(float).eps * scale
 
 
 @pytest.mark.mpi
@@ -135,7 +137,10 @@ def test_shallow_water_model_is_the_same_in_both_layouts(grid):
         swe = ShallowWaterSolver(grid, 32, 64, dt=400.0, quadrature="legendre-gauss", orders=layout)
         state = swe.timestep(swe.galewsky_initial_condition(), 6)
         states[layout] = grid.cart.bcast(swe.sht.gather_coefficients(state))
-    assert numpy.array_equal(states["contiguous"], states["balanced"])
+    # field by field (geopotential and vorticity differ by ten orders of magnitude), on each field's scale
+    for field in range(3):
+        scale = abs(states["contiguous"][field]).max()
+        assert abs(states["contiguous"][field] - states["balanced"][field]).max() <= 1e-12 * scale
 
 
 @pytest.mark.mpi

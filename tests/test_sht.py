@@ -1,6 +1,7 @@
 """Distributed SHT: against a serial reference built on scipy.special, round trips, adjoints."""
 
 import math
+import sys
 import re
 
 import numpy
@@ -478,3 +479,13 @@ def test_analysis_and_synthesis_share_tables_and_the_grid_scratch(grid, rng):
             largest = max(largest, pipeline._slot_bytes)
     assert 0 < grid.scratch.nbytes() <= 2 * largest
     assert largest <= 2 * padded * 16 * max(sht.tile_shape[0], nlat) * (nlon // 2 + 1)
+
+
+def test_fft_without_ducc0(grid, monkeypatch):
+    """fft='ducc0' without ducc0 says how to get it (on every rank); 'auto' falls back to NumPy's FFT."""
+    monkeypatch.setitem(sys.modules, "ducc0", None)
+    monkeypatch.setitem(sys.modules, "ducc0.fft", None)
+    message = r"DistributedRealSHT: fft='ducc0' needs ducc0: pip install 'mpisphere\[ducc0\]'"
+    with pytest.raises(ImportError, match=message):
+        DistributedRealSHT(grid, 17, 32, fft="ducc0")
+    assert DistributedRealSHT(grid, 17, 32).fft == "numpy"

@@ -156,5 +156,7 @@ def test_degree_coupling_in_blocks_of_orders_gives_the_same_result(grid, monkeyp
         x = numpy.random.default_rng(11 + grid.rank).standard_normal((3, 2) + vsht.tile_shape)
         c = vsht.forward(x)
         whole[label] = (c, vsht.adjoint(c), ivsht.forward(c), ivsht.adjoint(x))
+    # the same element-wise operations (equal to the last bit here); SIMD loops may round complex products
+    # differently at another alignment, so allow rounding on each output's scale
     for a, b in zip(whole["one block"], whole["blocks"]):
-        assert numpy.array_equal(a, b)
+        assert abs(a - b).max() <= 16 * numpy.finfo(float).eps * abs(a).max()
