@@ -103,6 +103,23 @@ def bench_vector_grid(grid, args, xp, sync):
     return rows
 
 
+def ducc0_batch(function, maps, alm, spin, lmax, geometry):
+    """A call of ``ducc0.sht.experimental.<function>`` per field of the batch, one thread.
+
+    ducc0 takes one map per call; the analysis and the adjoint synthesis write
+    ``alm``, the synthesis writes ``maps``. (The adjoint synthesis is the
+    quadrature sum alone, the yardstick of mpisphere's forward transform,
+    which folds the weights into its tables.)
+    """
+    import ducc0
+    run = getattr(ducc0.sht.experimental, function)
+
+    def call():
+        for b in range(len(maps)):
+            run(map=maps[b], alm=alm[b], spin=spin, lmax=lmax, geometry=geometry, nthreads=1)
+    return call
+
+
 def bench_ducc0(args):
     try:
         import ducc0
@@ -126,38 +143,14 @@ def bench_ducc0(args):
     nalm_analysis = (lmax_analysis + 1) * (lmax_analysis + 2) // 2
     alm_analysis = numpy.zeros((batch, 2, nalm_analysis), dtype=alm.dtype)
 
-    def analysis():
-        for b in range(batch):
-            ducc0.sht.experimental.analysis_2d(map=maps[b], alm=alm_analysis[b, :1], spin=0, lmax=lmax_analysis,
-                                               geometry=geometry, nthreads=1)
-
-    def synthesis():
-        for b in range(batch):
-            ducc0.sht.experimental.synthesis_2d(alm=alm[b], map=maps[b], spin=0, lmax=lmax, geometry=geometry,
-                                                nthreads=1)
-
-    def adjoint_synthesis():
-        # the quadrature sum alone (mpisphere's forward folds the weights into its tables): the forward's yardstick
-        for b in range(batch):
-            ducc0.sht.experimental.adjoint_synthesis_2d(map=maps[b], alm=alm[b], spin=0, lmax=lmax,
-                                                        geometry=geometry, nthreads=1)
     vmaps = numpy.random.default_rng(1).standard_normal((batch, 2, nlat, nlon)).astype(dtype)
     valm = numpy.zeros((batch, 2, nalm), dtype=alm.dtype)
-
-    def vector_analysis():
-        for b in range(batch):
-            ducc0.sht.experimental.analysis_2d(map=vmaps[b], alm=alm_analysis[b], spin=1, lmax=lmax_analysis,
-                                               geometry=geometry, nthreads=1)
-
-    def vector_adjoint_synthesis():
-        for b in range(batch):
-            ducc0.sht.experimental.adjoint_synthesis_2d(map=vmaps[b], alm=valm[b], spin=1, lmax=lmax,
-                                                        geometry=geometry, nthreads=1)
-
-    def vector_synthesis():
-        for b in range(batch):
-            ducc0.sht.experimental.synthesis_2d(alm=valm[b], map=vmaps[b], spin=1, lmax=lmax, geometry=geometry,
-                                                nthreads=1)
+    analysis = ducc0_batch("analysis_2d", maps, alm_analysis[:, :1], 0, lmax_analysis, geometry)
+    adjoint_synthesis = ducc0_batch("adjoint_synthesis_2d", maps, alm, 0, lmax, geometry)
+    synthesis = ducc0_batch("synthesis_2d", maps, alm, 0, lmax, geometry)
+    vector_analysis = ducc0_batch("analysis_2d", vmaps, alm_analysis, 1, lmax_analysis, geometry)
+    vector_adjoint_synthesis = ducc0_batch("adjoint_synthesis_2d", vmaps, valm, 1, lmax, geometry)
+    vector_synthesis = ducc0_batch("synthesis_2d", vmaps, valm, 1, lmax, geometry)
     rows = []
     cases = [("ducc0 analysis_2d", analysis), ("ducc0 adjoint_synthesis_2d", adjoint_synthesis),
              ("ducc0 synthesis_2d", synthesis)]
@@ -177,7 +170,6 @@ def bench_ducc0(args):
 
 def bench_interleaved(args):
     """One rank: mpisphere and ducc0 timed in alternation, round by round, so drift hits both alike."""
-    import ducc0
     nlat, nlon, batch = args.nlat, args.nlon, args.batch
     dtype = numpy.dtype(args.dtype)
     geometry = {"equiangular": "CC", "legendre-gauss": "GL"}[args.quadrature]
@@ -192,15 +184,8 @@ def bench_interleaved(args):
         maps = x.reshape(batch, 1, nlat, nlon)
         alm = numpy.zeros((batch, 1, (lmax + 1) * (lmax + 2) // 2), dtype=sht.cdtype)
 
-        def ducc_adjoint_synthesis():
-            for b in range(batch):
-                ducc0.sht.experimental.adjoint_synthesis_2d(map=maps[b], alm=alm[b], spin=0, lmax=lmax,
-                                                            geometry=geometry, nthreads=1)
-
-        def ducc_synthesis():
-            for b in range(batch):
-                ducc0.sht.experimental.synthesis_2d(alm=alm[b], map=maps[b], spin=0, lmax=lmax, geometry=geometry,
-                                                    nthreads=1)
+        ducc_adjoint_synthesis = ducc0_batch("adjoint_synthesis_2d", maps, alm, 0, lmax, geometry)
+        ducc_synthesis = ducc0_batch("synthesis_2d", maps, alm, 0, lmax, geometry)
         cases = {"forward out=": lambda: sht.forward(x, out=c), "ducc0 adjoint_synthesis_2d": ducc_adjoint_synthesis,
                  "inverse out=": lambda: isht.forward(c, out=y), "ducc0 synthesis_2d": ducc_synthesis}
         times = {name: [] for name in cases}
