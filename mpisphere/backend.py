@@ -99,6 +99,16 @@ def shares_memory(a, b):
         return True
 
 
+def data_address(a):
+    """The address of ``a``'s first element (host or device memory)."""
+    return a.data.ptr if _is_cupy_array(a) else a.__array_interface__["data"][0]
+
+
+def as_strided(a, shape, strides):
+    """A view of ``a``'s memory with ``shape`` and byte ``strides``; the caller vouches for the extent."""
+    return array_module(a).lib.stride_tricks.as_strided(a, shape=shape, strides=strides)
+
+
 def is_writeable(a):
     """False for a read-only NumPy array (a CuPy array is always writeable)."""
     flags = getattr(a, "flags", None)
@@ -109,18 +119,21 @@ def copy_into(dst, src):
     """``dst[...] = src`` for arrays whose memory layouts differ, a cache-sized piece at a time.
 
     A whole-array copy between transposed layouts streams through memory
-    with a large stride on one side. On the host this copies one slab of
-    ``dst``'s outermost axis at a time: each slab is a small transpose that
-    stays in cache (twice as fast at the sizes of a transform). On a device,
-    one kernel.
+    with a large stride on one side. On the host this copies slabs along the
+    axis that is outer in both layouts (the largest of the two strides' minimum), about
+    256 KiB a slab: each slab is a small transpose that stays in cache (2.5x
+    faster than one copy for ``(L, m, B) -> (B, L, m)`` at the sizes of a
+    transform). On a device, one kernel.
     """
     if _is_cupy_array(dst) or dst.ndim < 2 or dst.size < 1 << 15 or dst.strides == src.strides:
         dst[...] = src
         return
-    axis = max(range(dst.ndim), key=lambda i: abs(dst.strides[i]) if dst.shape[i] > 1 else -1)
+    axis = max(range(dst.ndim), key=lambda i: min(abs(dst.strides[i]), abs(src.strides[i]))
+               if dst.shape[i] > 1 else -1)
+    step = max(1, (1 << 18) * dst.shape[axis] // max(dst.nbytes, 1))
     index = [slice(None)] * dst.ndim
-    for k in range(dst.shape[axis]):
-        index[axis] = k
+    for k in range(0, dst.shape[axis], step):
+        index[axis] = slice(k, k + step)
         dst[tuple(index)] = src[tuple(index)]
 
 

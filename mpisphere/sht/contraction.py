@@ -73,20 +73,24 @@ def analyze(tables, fourier, spectral, workspace, method="auto", weights=None):
     sym = _scratch(workspace, "sym", fourier, (n_half, columns))
     anti = _scratch(workspace, "anti", fourier, (n_north, columns))
     for j, start in enumerate(t.starts):
-        spectral[:min(start, t.degrees), j] = 0
         even, odd = t.even[j], t.odd[j]
         if not even.shape[0]:
+            spectral[:t.degrees, j] = 0
             continue
+        # the whole input column is read before any of the output column is written: spectral may be
+        # fourier's memory (the pipeline runs this stage in place)
         column = fourier[:, j]
         north, south = column[:n_north], column[rows - n_north:][::-1]
         numpy.add(north, south, out=sym[:n_north])
         if n_half > n_north:
             sym[n_north] = column[n_north]
-        if w_half is not None:
-            sym *= w_half
-        numpy.matmul(even, sym, out=spectral[start::2, j][:even.shape[0]])
         if odd.shape[0]:
             numpy.subtract(north, south, out=anti)
+        if w_half is not None:
+            sym *= w_half
+        spectral[:min(start, t.degrees), j] = 0
+        numpy.matmul(even, sym, out=spectral[start::2, j][:even.shape[0]])
+        if odd.shape[0]:
             if w_north is not None:
                 anti *= w_north
             numpy.matmul(odd, anti, out=spectral[start + 1::2, j][:odd.shape[0]])

@@ -48,8 +48,10 @@ class RankCost(collections.namedtuple(
     table_bytes : int
         Legendre tables held (an analysis and a synthesis on one grid share them).
     scratch_bytes : int
-        The grid's two pipeline buffers, each the size of the largest
-        intermediate of the transform (shared by the transforms of a grid).
+        The grid's pipeline buffers, each the size of the largest
+        intermediate of the transform (shared by the transforms of a grid):
+        two, or one for a scalar transform on one rank, where the Legendre
+        step runs in place and the FFTs read and write its layout.
     legendre_multiply_adds : int
         Real multiply-adds of the contraction (the table times the real and
         imaginary columns of every field this rank contracts).
@@ -84,6 +86,9 @@ def sht_costs(nlat, nlon, lmax, mmax, npolar, nazimuth, *, batch=1, vector=False
     batch_azimuth, batch_polar = split_sizes(padded, nazimuth), split_sizes(padded, npolar)
     assignment = order_assignment(mmax, lmax, nazimuth, orders)
     fft_per_row = 2.5 * nlon * math.log2(nlon) if nlon > 1 else 0.0
+    # every stage but the in-place Legendre step writes the other buffer; a scalar transform on one rank
+    # has one such stage in each direction (the forward FFT; the inverse's copy from the caller's layout)
+    slots = 1 if npolar == nazimuth == 1 and not vector else 2
     costs = []
     for p in range(npolar):
         for a in range(nazimuth):
@@ -115,7 +120,7 @@ def sht_costs(nlat, nlon, lmax, mmax, npolar, nazimuth, *, batch=1, vector=False
                 padded * components * degree_sizes[p] * m_loc * complex_size)
             costs.append(RankCost(
                 rank=p * nazimuth + a, polar_rank=p, azimuth_rank=a,
-                table_bytes=entries * real.itemsize, scratch_bytes=2 * max(intermediates),
+                table_bytes=entries * real.itemsize, scratch_bytes=slots * max(intermediates),
                 legendre_multiply_adds=entries * 2 * components * batch_polar[p],
                 fft_flops=fft_per_row * batch_azimuth[a] * cells,
                 sent=sent, messages=messages))

@@ -33,7 +33,7 @@ import math
 import numpy
 
 from .. import backend
-from ..operators import FORWARD, AdjointOperator, InputError, LinearOperator
+from ..operators import ADJOINT, FORWARD, AdjointOperator, InputError, LinearOperator
 from . import contraction
 
 __all__ = ["FourierStage", "Truncation", "LegendreStage", "VectorCoupling", "Pipeline"]
@@ -151,12 +151,29 @@ class FourierStage(_LocalStage):
             out[...] = backend.array_module(x).fft.rfft(x, axis=-1, norm=norm)
 
     def _irfft(self, spectrum, norm, out):
+        """``out = irfft(spectrum)``; a ``spectrum`` with fewer than ``half`` orders is zero-padded."""
         if self.fft == "ducc0" and isinstance(spectrum, numpy.ndarray) and isinstance(out, numpy.ndarray) \
                 and out.dtype == self.real:
             import ducc0.fft
             # like NumPy's irfft, c2r uses only the real parts of the m = 0 and m = nlon / 2 terms
-            ducc0.fft.c2r(spectrum, axes=(-1,), lastsize=self.nlon, forward=False,
-                          inorm=2 if norm == "backward" else 0, out=out, nthreads=1)
+            options = dict(axes=(-1,), lastsize=self.nlon, forward=False, inorm=2 if norm == "backward" else 0,
+                           nthreads=1)
+            if spectrum.shape[-1] == self.half and spectrum.strides[-1] == spectrum.itemsize:
+                ducc0.fft.c2r(spectrum, out=out, **options)
+                return
+            # orders not contiguous (the batch-innermost layout) or missing: one row (latitude) at a time
+            # through a contiguous zero-padded copy that stays in cache, about half the time of c2r
+            # reading the strided layout itself
+            rows = spectrum.shape[-2] if spectrum.ndim > 1 else 1
+            spectrum = spectrum.reshape((1, -1)) if spectrum.ndim == 1 else spectrum
+            target = out.reshape((1, -1)) if out.ndim == 1 else out
+            n = spectrum.shape[-1]
+            row = self._workspace.scratch("row", spectrum, math.prod(spectrum.shape[:-2]) * self.half)
+            row = row.reshape(spectrum.shape[:-2] + (self.half,))
+            row[..., n:] = 0
+            for k in range(rows):
+                row[..., :n] = spectrum[..., k, :]
+                ducc0.fft.c2r(row, out=target[..., k, :], **options)
         elif _numpy_out(spectrum, out) and out.dtype == self.real:
             numpy.fft.irfft(spectrum, n=self.nlon, axis=-1, norm=norm, out=out)
         else:
@@ -187,7 +204,7 @@ class FourierStage(_LocalStage):
         if self.synthesis or self._takes_real(direction):
             self._run(direction, x, out, context)
             return
-        nonzero = self.half if nonzero is None else nonzero
+        nonzero = min(self.half if nonzero is None else nonzero, x.shape[-1])
         x[..., 1:nonzero] /= self.multiplicity(x)[1:nonzero]
         self._irfft(x, "backward", out)
 
@@ -340,11 +357,23 @@ class LegendreStage(_LocalStage):
                 self._device_weights[key] = backend.array_module(like).asarray(self.weights)
         return self._device_weights[key]
 
+    # the pipeline may hand this stage an output that shares the input's memory (see Pipeline): the
+    # contraction reads all of an order's input column before it writes that order's output column
+    in_place = True
+
     def _physical(self, a, name, copy_in):
-        """``a`` as a real ``(n, m, 2 C B)`` array in the batch-innermost layout, and the scratch used (or None)."""
+        """``a`` as a real ``(n, m, 2 C B)`` array in the batch-innermost layout, and the scratch used (or None).
+
+        The rows (latitudes or degrees) may be further apart than one row
+        (a view of a wider buffer); the columns of an order must be contiguous.
+        """
         phys = a.transpose(BATCH_INNERMOST)
         scratch = None
-        if not phys.flags.c_contiguous:
+        item = phys.itemsize
+        _, m, c, b = phys.shape
+        columns_contiguous = (phys.strides[3] == item or b == 1) and (phys.strides[2] == b * item or c == 1) \
+            and (phys.strides[1] == c * b * item or m == 1)
+        if not columns_contiguous:
             scratch = self._workspace.scratch(name, a, a.size).reshape(phys.shape)
             if copy_in:
                 backend.copy_into(scratch, phys)
@@ -542,6 +571,23 @@ class Pipeline:
         buf = flat.reshape(tuple(spec.shape[i] for i in order))
         return buf.transpose(numpy.argsort(order))
 
+    def _in_place(self, boundary, current, slot):
+        """The intermediate at ``boundary`` in the memory of ``current`` (in byte buffer ``slot``), or None.
+
+        Same strides as ``current``, only the extents differ (the Legendre
+        step turns latitudes into degrees or back): possible when ``current``
+        starts the buffer and the result fits in it.
+        """
+        spec = self.specs[boundary]
+        shape, strides = tuple(spec.shape), current.strides
+        if spec.dtype != current.dtype or len(shape) != current.ndim or 0 in shape or min(strides) < 0:
+            return None
+        extent = current.itemsize + sum((n - 1) * step for n, step in zip(shape, strides))
+        raw = self._workspace.scratch(self._SLOTS[slot], current, self._slot_bytes, numpy.uint8)
+        if extent > self._slot_bytes or backend.data_address(current) != backend.data_address(raw):
+            return None
+        return backend.as_strided(current, shape, strides)
+
     def nbytes(self):
         """Bytes of the buffers held now in this pipeline's workspace (shared with others on the grid)."""
         return self._workspace.nbytes()
@@ -556,20 +602,46 @@ class Pipeline:
         return inner, "restrict" if (direction == FORWARD) != flipped else "pad"
 
     def _actions(self, direction):
-        """``[(stage index, action)]`` in running order: ``run``, ``view`` (a restriction) or ``skip`` (identity)."""
+        """``[(stage index, action)]`` in running order.
+
+        Actions: ``run``; ``view`` (a restriction); ``skip`` (an identity);
+        ``fused`` (a zero padding left to the next stage that runs, a
+        :class:`FourierStage` reading a layout it copies row by row anyway).
+        """
         n = len(self.stages)
         steps = range(n) if direction == FORWARD else range(n - 1, -1, -1)
         actions = []
         for k in steps:
             stage = self.stages[k]
             src, dst = (k, k + 1) if direction == FORWARD else (k + 1, k)
-            if self._truncation(stage, direction)[1] == "restrict":
+            role = self._truncation(stage, direction)[1]
+            if role == "restrict":
                 actions.append((k, "view"))
             elif getattr(stage, "is_identity", False) and self._order(src) == self._order(dst):
                 actions.append((k, "skip"))
+            elif role == "pad" and self._order(src) == BATCH_INNERMOST and self._pads_next(k, direction):
+                actions.append((k, "fused"))
             else:
                 actions.append((k, "run"))
         return actions
+
+    def _pads_next(self, k, direction):
+        """Whether the stage run after stage ``k`` is a FourierStage taking complex input (it zero-pads)."""
+        step = 1 if direction == FORWARD else -1
+        k += step
+        while 0 <= k < len(self.stages) and getattr(self.stages[k], "is_identity", False):
+            k += step
+        if not 0 <= k < len(self.stages):
+            return False
+        inner, run_direction = self._unwrap(self.stages[k], direction)
+        return isinstance(inner, FourierStage) and not inner._takes_real(run_direction)
+
+    @staticmethod
+    def _unwrap(stage, direction):
+        """``(operator, direction)`` that running ``stage`` in ``direction`` runs (``op.H`` forward: ``op`` adjoint)."""
+        if isinstance(stage, AdjointOperator):
+            return stage.op, ADJOINT if direction == FORWARD else FORWARD
+        return stage, direction
 
     def run(self, direction, x, out, context):
         """Apply the pipeline (``FORWARD``) or its adjoint (``ADJOINT``) to ``x``, writing ``out``."""
@@ -587,13 +659,15 @@ class Pipeline:
             following_slot = 0 if slot is None else 1 - slot
             if action == "view":
                 current = self._truncation(stage, direction)[0].view(current)
+            elif action == "fused":
+                nonzero = self._truncation(stage, direction)[0].mmax
             elif action == "run":
                 # the next stage that does anything pads (a Truncation's adjoint): write into its padded buffer
                 j = i + 1
                 while j < len(actions) and actions[j][1] == "skip":
                     j += 1
-                following, role = self._truncation(self.stages[actions[j][0]], direction) if j < len(actions) \
-                    else (None, None)
+                following, role = self._truncation(self.stages[actions[j][0]], direction) \
+                    if j < len(actions) and actions[j][1] == "run" else (None, None)
                 if role == "pad":
                     dst = actions[j][0] + 1 if direction == FORWARD else actions[j][0]
                     padded = out if j == into_out else self._buffer(dst, current, following_slot)
@@ -609,9 +683,16 @@ class Pipeline:
                     current, slot = target, following_slot
                 else:
                     dst = k + 1 if direction == FORWARD else k
-                    target = out if i == into_out else self._buffer(dst, current, following_slot)
+                    target, target_slot = None, following_slot
+                    if i == into_out:
+                        target = out
+                    elif slot is not None and getattr(self._unwrap(stage, direction)[0], "in_place", False):
+                        # one batch-sized buffer instead of two (the Legendre step)
+                        target, target_slot = self._in_place(dst, current, slot), slot
+                    if target is None:
+                        target, target_slot = self._buffer(dst, current, following_slot), following_slot
                     stage._run(direction, current, target, context)
-                    current, slot = target, following_slot
+                    current, slot = target, target_slot
             i += 1
         if current is not out:
             backend.copy_into(out, current)

@@ -323,14 +323,19 @@ class _Transform(LinearOperator):
         extra = self._degree_stages()
         # the Legendre step and what follows it want the batch innermost: those boundaries are held so
         innermost = len(extra) + 2
+        # where the transposes between the FFT and the Legendre step are identities (one-rank communicators),
+        # the FFT writes or reads that layout itself (ducc0 takes any strides) instead of a copy changing it
+        fourier_side = 1 if lat.is_identity else 0
+        if fourier_side and orders.is_identity and not truncation.permuted:
+            fourier_side = 3
         if not self._synthesis:
             stages = [lon, fourier, truncation, orders, lat, legendre, *extra, degrees]
             spec = Spec((batch, self._components) + self.tile_shape, self.dtype, False)
-            physical = {5 + k: BATCH_INNERMOST for k in range(innermost)}
+            physical = {k: BATCH_INNERMOST for k in range(5 - fourier_side, 5 + innermost)}
         else:
             stages = [degrees.H, *extra, legendre.H, lat.H, orders.H, truncation.H, fourier, lon.H]
             spec = Spec((batch, self._components) + self.block_shape, self.cdtype, False)
-            physical = {1 + k: BATCH_INNERMOST for k in range(innermost)}
+            physical = {k: BATCH_INNERMOST for k in range(1, 1 + innermost + fourier_side)}
         return Pipeline(stages, spec, physical, self.grid.scratch)
 
 
