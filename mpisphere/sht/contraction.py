@@ -25,7 +25,7 @@ import numpy
 
 from .. import backend
 
-__all__ = ["METHODS", "analyze", "synthesize"]
+__all__ = ["METHODS", "analyze", "synthesize", "copy_degrees", "degrees_are_triangular"]
 
 METHODS = ("auto", "per-order", "batched")
 
@@ -53,10 +53,44 @@ def _weights(weights, t, like):
     return w[:t.n_half, None], w[:t.n_north, None]
 
 
-def analyze(tables, fourier, spectral, workspace, method="auto", weights=None):
+def degrees_are_triangular(tables):
+    """Whether the orders' first degrees increase, so that degree ``l`` is held by a leading run of orders.
+
+    True for the contiguous order layout, and for any layout on one azimuth rank.
+    """
+    return bool(numpy.all(numpy.diff(numpy.asarray(tables.starts)) >= 0))
+
+
+def copy_degrees(tables, src, dst, zero=True):
+    """``dst[..., l, j] = src[..., l, j]`` where order ``j`` has degree ``l`` (``l >= starts[j]``), else 0.
+
+    ``src`` and ``dst``: logical ``(..., L, m_loc)`` arrays, any two memory
+    layouts (a transposed copy, one degree row at a time: each row is a
+    small transpose that stays in cache). With ``zero=False`` the entries
+    below an order's first degree are left as they are (a contraction
+    ignores them). Only half of a triangular truncation is copied: the
+    layout changes of a transform on one rank cost half a copy.
+
+    Needs the orders' first degrees in increasing order (see
+    :func:`degrees_are_triangular`).
+    """
+    if not degrees_are_triangular(tables):
+        raise ValueError("copy_degrees: the orders' first degrees must increase")
+    counts = numpy.searchsorted(tables.starts, numpy.arange(src.shape[-2]), side="right").tolist()
+    for l, n in enumerate(counts):
+        if n:
+            dst[..., l, :n] = src[..., l, :n]
+        if zero and n < dst.shape[-1]:
+            dst[..., l, n:] = 0
+    return True
+
+
+def analyze(tables, fourier, spectral, workspace, method="auto", weights=None, zero=True):
     """``spectral = T diag(w) fourier`` per order; real views ``(n, m_loc, K)``, spectral with ``tables.degrees`` rows.
 
     ``weights``: ``(nlat,)`` latitude weights (symmetric), or ``None``.
+    ``zero=False``: the entries below each order's first degree are not
+    written (the caller copies out with :func:`copy_degrees`).
     """
     t = tables
     w_half, w_north = _weights(weights, t, fourier)
@@ -75,7 +109,8 @@ def analyze(tables, fourier, spectral, workspace, method="auto", weights=None):
     for j, start in enumerate(t.starts):
         even, odd = t.even[j], t.odd[j]
         if not even.shape[0]:
-            spectral[:t.degrees, j] = 0
+            if zero:
+                spectral[:t.degrees, j] = 0
             continue
         # the whole input column is read before any of the output column is written: spectral may be
         # fourier's memory (the pipeline runs this stage in place)
@@ -88,7 +123,8 @@ def analyze(tables, fourier, spectral, workspace, method="auto", weights=None):
             numpy.subtract(north, south, out=anti)
         if w_half is not None:
             sym *= w_half
-        spectral[:min(start, t.degrees), j] = 0
+        if zero:
+            spectral[:min(start, t.degrees), j] = 0
         numpy.matmul(even, sym, out=spectral[start::2, j][:even.shape[0]])
         if odd.shape[0]:
             if w_north is not None:

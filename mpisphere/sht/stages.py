@@ -361,32 +361,74 @@ class LegendreStage(_LocalStage):
     # contraction reads all of an order's input column before it writes that order's output column
     in_place = True
 
-    def _physical(self, a, name, copy_in):
-        """``a`` as a real ``(n, m, 2 C B)`` array in the batch-innermost layout, and the scratch used (or None).
+    @staticmethod
+    def _columns(a):
+        """``a`` as a real ``(n, m, 2 C B)`` view in the batch-innermost layout, or None if it is not held so.
 
         The rows (latitudes or degrees) may be further apart than one row
         (a view of a wider buffer); the columns of an order must be contiguous.
         """
         phys = a.transpose(BATCH_INNERMOST)
-        scratch = None
         item = phys.itemsize
         _, m, c, b = phys.shape
-        columns_contiguous = (phys.strides[3] == item or b == 1) and (phys.strides[2] == b * item or c == 1) \
-            and (phys.strides[1] == c * b * item or m == 1)
-        if not columns_contiguous:
-            scratch = self._workspace.scratch(name, a, a.size).reshape(phys.shape)
-            if copy_in:
-                backend.copy_into(scratch, phys)
-            phys = scratch
-        return phys.reshape(phys.shape[0], phys.shape[1], -1).view(phys.real.dtype), scratch
+        if not ((phys.strides[3] == item or b == 1) and (phys.strides[2] == b * item or c == 1)
+                and (phys.strides[1] == c * b * item or m == 1)):
+            return None
+        return phys.reshape(phys.shape[0], phys.shape[1], -1).view(phys.real.dtype)
+
+    def _contract(self, direction, source, target, like, zero=True):
+        if direction == FORWARD:
+            contraction.analyze(self.tables, source, target, self._workspace, self.method, self._weights(like),
+                                zero)
+        else:
+            contraction.synthesize(self.tables, source, target, self._workspace, self.method, self._weights(like))
 
     def _run(self, direction, x, out, context):
-        source, _ = self._physical(x, "in", copy_in=True)
-        target, scratch = self._physical(out, "out", copy_in=False)
-        if direction == FORWARD:
-            contraction.analyze(self.tables, source, target, self._workspace, self.method, self._weights(x))
-        else:
-            contraction.synthesize(self.tables, source, target, self._workspace, self.method, self._weights(x))
+        self._run_consuming(direction, x, out, context, consuming=False)
+
+    def _run_consuming(self, direction, x, out, context, nonzero=None, consuming=True):
+        """:meth:`_run`, allowed to overwrite ``x`` when ``consuming`` (a pipeline's own buffer).
+
+        An input or output in another layout (the caller's C order, on a
+        grid where the degree transpose is an identity) is copied through
+        the other side's memory rather than a buffer of its own: the
+        synthesis copies its input into its output's memory and contracts
+        in place; the analysis contracts in place in its input and copies
+        out. Both copy only the degrees each order has.
+        """
+        source, target = self._columns(x), self._columns(out)
+        # half a copy where the degrees of the orders form a triangle (per-row copies: host only)
+        triangle = not backend.is_device_array(x) and contraction.degrees_are_triangular(self.tables)
+        if source is not None and target is not None:
+            self._contract(direction, source, target, x)
+            return
+        if source is None and target is not None and x.shape[2] <= out.shape[2]:
+            staged = backend.as_strided(out, x.shape, out.strides)
+            if triangle and direction == ADJOINT:  # the input's rows are degrees
+                contraction.copy_degrees(self.tables, x, staged, zero=False)
+            else:
+                backend.copy_into(staged, x)
+            self._contract(direction, self._columns(staged), target, x)
+            return
+        if target is None and source is not None and consuming and out.shape[2] <= x.shape[2]:
+            result = backend.as_strided(x, out.shape, x.strides)
+            triangle = triangle and direction == FORWARD  # the output's rows are degrees
+            self._contract(direction, source, self._columns(result), x, zero=not triangle)
+            if triangle:
+                contraction.copy_degrees(self.tables, result, out)
+            else:
+                backend.copy_into(out, result)
+            return
+        # neither side can lend its memory: a buffer of this stage's own
+        if source is None:
+            source_phys = self._workspace.scratch("in", x, x.size).reshape(x.transpose(BATCH_INNERMOST).shape)
+            backend.copy_into(source_phys, x.transpose(BATCH_INNERMOST))
+            source = self._columns(source_phys.transpose(numpy.argsort(BATCH_INNERMOST)))
+        scratch = None
+        if target is None:
+            scratch = self._workspace.scratch("out", out, out.size).reshape(out.transpose(BATCH_INNERMOST).shape)
+            target = self._columns(scratch.transpose(numpy.argsort(BATCH_INNERMOST)))
+        self._contract(direction, source, target, x)
         if scratch is not None:
             backend.copy_into(out.transpose(BATCH_INNERMOST), scratch)
 
@@ -675,23 +717,22 @@ class Pipeline:
                     current, slot = padded, following_slot
                     i = j
                     nonzero = following.mmax
-                elif slot is not None and hasattr(stage, "_run_consuming"):
-                    # the input is this pipeline's own buffer: the stage may overwrite it
-                    dst = k + 1 if direction == FORWARD else k
-                    target = out if i == into_out else self._buffer(dst, current, following_slot)
-                    stage._run_consuming(direction, current, target, context, nonzero)
-                    current, slot = target, following_slot
                 else:
+                    inner, inner_direction = self._unwrap(stage, direction)
                     dst = k + 1 if direction == FORWARD else k
                     target, target_slot = None, following_slot
                     if i == into_out:
                         target = out
-                    elif slot is not None and getattr(self._unwrap(stage, direction)[0], "in_place", False):
+                    elif slot is not None and getattr(inner, "in_place", False):
                         # one batch-sized buffer instead of two (the Legendre step)
                         target, target_slot = self._in_place(dst, current, slot), slot
                     if target is None:
                         target, target_slot = self._buffer(dst, current, following_slot), following_slot
-                    stage._run(direction, current, target, context)
+                    if slot is not None and hasattr(inner, "_run_consuming"):
+                        # the input is this pipeline's own buffer: the stage may overwrite it
+                        inner._run_consuming(inner_direction, current, target, context, nonzero)
+                    else:
+                        stage._run(direction, current, target, context)
                     current, slot = target, target_slot
             i += 1
         if current is not out:

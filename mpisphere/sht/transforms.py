@@ -328,14 +328,17 @@ class _Transform(LinearOperator):
         fourier_side = 1 if lat.is_identity else 0
         if fourier_side and orders.is_identity and not truncation.permuted:
             fourier_side = 3
+        # likewise the Legendre step reads or writes the caller's layout itself when the degree transpose is
+        # an identity (through the other side's memory, copying only the degrees each order has)
+        degree_side = 1 if degrees.is_identity and not extra else 0
         if not self._synthesis:
             stages = [lon, fourier, truncation, orders, lat, legendre, *extra, degrees]
             spec = Spec((batch, self._components) + self.tile_shape, self.dtype, False)
-            physical = {k: BATCH_INNERMOST for k in range(5 - fourier_side, 5 + innermost)}
+            physical = {k: BATCH_INNERMOST for k in range(5 - fourier_side, 5 + innermost - degree_side)}
         else:
             stages = [degrees.H, *extra, legendre.H, lat.H, orders.H, truncation.H, fourier, lon.H]
             spec = Spec((batch, self._components) + self.block_shape, self.cdtype, False)
-            physical = {k: BATCH_INNERMOST for k in range(1, 1 + innermost + fourier_side)}
+            physical = {k: BATCH_INNERMOST for k in range(1 + degree_side, 1 + innermost + fourier_side)}
         return Pipeline(stages, spec, physical, self.grid.scratch)
 
 
