@@ -61,7 +61,13 @@ def test_bytes_and_messages_sent_are_what_the_model_counts(grid, monkeypatch, cl
 def test_scratch_is_what_the_model_counts(grid, vector):
     nlat, nlon, batch = 23, 40, 7
     forward = (DistributedRealVectorSHT if vector else DistributedRealSHT)(grid, nlat, nlon, orders="balanced")
-    forward.forward(numpy.ones(forward.domain_shape((batch,))))
+    inverse = (DistributedInverseRealVectorSHT if vector else DistributedInverseRealSHT)(grid, nlat, nlon,
+                                                                                         orders="balanced")
+    # both directions of both transforms: they share the grid's buffers, and none needs more than the model says
+    c = forward.forward(numpy.ones(forward.domain_shape((batch,))))
+    x = inverse.forward(c)
+    forward.adjoint(c)
+    inverse.adjoint(x)
     expected = sht_costs(nlat, nlon, forward.lmax, forward.mmax, grid.npolar, grid.nazimuth, batch=batch,
                          vector=vector, orders="balanced")[grid.rank]
     assert grid.scratch.nbytes() == expected.scratch_bytes
