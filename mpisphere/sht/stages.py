@@ -583,10 +583,15 @@ class Pipeline:
     A stage whose map is the identity (a one-rank :class:`~mpisphere.Transpose`)
     is skipped when its input already has the layout its output needs; a
     :class:`Truncation` is a view forward and writes the previous stage's
-    output into its padded buffer in the adjoint. The intermediates take
-    turns in two byte buffers (a stage reads one and writes the other), sized
-    for the largest intermediate, whatever their dtypes: two batch-sized
-    buffers per grid, not one per intermediate and operator.
+    output into its padded buffer in the adjoint, or leaves the padding to a
+    :class:`FourierStage` that reads the batch-innermost layout (it copies
+    row by row anyway). The intermediates take turns in two byte buffers (a
+    stage reads one and writes the other), sized for the largest
+    intermediate, whatever their dtypes: at most two batch-sized buffers per
+    grid, not one per intermediate and operator. A stage with ``in_place``
+    (the Legendre step) writes its output into the buffer its input is in,
+    with the input's strides; a scalar transform on one rank then needs only
+    one buffer.
     """
 
     _SLOTS = ("pipeline-a", "pipeline-b")
