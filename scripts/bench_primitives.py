@@ -16,14 +16,13 @@ machines: compare ratios within one run.
 """
 
 import argparse
-import json
 import sys
 
 import numpy
 from mpi4py import MPI
 
 import mpisphere
-from benchtools import measure
+from benchtools import measure, write_results
 from mpisphere import (CopyTo, GatherFrom, GatherFromCopyTo, HaloExchange, ProcessGrid, ReduceFrom, ReduceScatter,
                        ScatterTo, Transpose, collectives, split_sizes)
 from mpisphere.partition import offsets_of
@@ -265,10 +264,8 @@ def main(argv=None):
             rows += bench_grid(grid, args, xp)
     if args.json and world.Get_rank() == 0:
         meta = {"ranks": size, "batch": args.batch, "nlat": args.nlat, "nlon": args.nlon, "dtype": args.dtype,
-                "device": args.device, "mpi": MPI.Get_library_version().splitlines()[0].strip(),
-                "mpisphere": mpisphere.__version__, "numpy": numpy.__version__}
-        with open(args.json, "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+                "device": args.device, "mpi": MPI.Get_library_version().splitlines()[0].strip()}
+        write_results(args.json, meta, rows)
     return 0
 
 

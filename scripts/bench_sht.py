@@ -18,7 +18,6 @@ by each rank (its own orders only) and the process's peak resident size.
 """
 
 import argparse
-import json
 import resource
 import sys
 import time
@@ -27,7 +26,7 @@ import numpy
 from mpi4py import MPI
 
 import mpisphere
-from benchtools import measure
+from benchtools import measure, write_results
 from mpisphere import (DistributedInverseRealSHT, DistributedInverseRealVectorSHT, DistributedRealSHT,
                        DistributedRealVectorSHT, ProcessGrid)
 
@@ -238,9 +237,8 @@ def main(argv=None):
     if args.interleaved:
         rows = bench_interleaved(args)
         if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"meta": {"nlat": args.nlat, "nlon": args.nlon, "batch": args.batch, "lmax": args.lmax,
-                                    "fft": args.fft, "dtype": args.dtype}, "rows": rows}, f, indent=1)
+            write_results(args.json, {"nlat": args.nlat, "nlon": args.nlon, "batch": args.batch, "lmax": args.lmax,
+                                      "fft": args.fft, "dtype": args.dtype}, rows)
         return 0
     xp, sync = numpy, None
     if args.device == "gpu":
@@ -280,10 +278,8 @@ def main(argv=None):
     if args.json and world.Get_rank() == 0:
         meta = {"ranks": size, "batch": args.batch, "nlat": args.nlat, "nlon": args.nlon, "dtype": args.dtype,
                 "lmax": args.lmax, "fft": args.fft, "orders": args.orders,
-                "quadrature": args.quadrature, "device": args.device, "numpy": numpy.__version__,
-                "mpisphere": mpisphere.__version__}
-        with open(args.json, "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+                "quadrature": args.quadrature, "device": args.device}
+        write_results(args.json, meta, rows)
     return 0
 
 

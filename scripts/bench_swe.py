@@ -25,7 +25,6 @@ the largest rank's.
 """
 
 import argparse
-import json
 import sys
 import time
 from collections import defaultdict
@@ -34,7 +33,7 @@ import numpy
 from mpi4py import MPI
 
 import mpisphere
-from benchtools import measure
+from benchtools import measure, write_results
 from mpisphere import ProcessGrid, Transpose
 from mpisphere.examples import ShallowWaterSolver
 from mpisphere.operators import AdjointOperator
@@ -176,10 +175,7 @@ def main(argv=None):
         with ProcessGrid(world, npolar, nazimuth) as grid:
             rows.append(bench_grid(grid, args))
     if args.json and world.Get_rank() == 0:
-        meta = {"ranks": size, "nlat": args.nlat, "nlon": args.nlon, "numpy": numpy.__version__,
-                "mpisphere": mpisphere.__version__}
-        with open(args.json, "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+        write_results(args.json, {"ranks": size, "nlat": args.nlat, "nlon": args.nlon}, rows)
     return 0
 
 

@@ -1,9 +1,12 @@
 """Timing shared by the benchmark scripts (not part of the package)."""
 
+import json
 import time
 
 import numpy
 from mpi4py import MPI
+
+import mpisphere
 
 
 def measure(comm, fn, repeats, warmup, sync=None):
@@ -26,3 +29,10 @@ def measure(comm, fn, repeats, warmup, sync=None):
         times.append(comm.allreduce(time.perf_counter() - start, op=MPI.MAX))
     times = 1e3 * numpy.array(times)
     return float(numpy.median(times)), float(times.min()), float(times.max())
+
+
+def write_results(path, meta, rows):
+    """Write ``{"meta": meta, "rows": rows}`` as JSON, with the NumPy and mpisphere versions added to ``meta``."""
+    meta = dict(meta, numpy=numpy.__version__, mpisphere=mpisphere.__version__)
+    with open(path, "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
