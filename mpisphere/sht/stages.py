@@ -332,6 +332,7 @@ class LegendreStage(_LocalStage):
         self.dtype = numpy.dtype(dtype)
         self.method = method
         self._workspace = backend.Workspace()
+        self._triangular = contraction.degrees_are_triangular(tables)
 
     def _describe(self):
         return f"LegendreStage({self.nlat} -> {self.tables.degrees}, orders {len(self.tables.orders)})"
@@ -398,7 +399,7 @@ class LegendreStage(_LocalStage):
         """
         source, target = self._columns(x), self._columns(out)
         # half a copy where the degrees of the orders form a triangle (per-row copies: host only)
-        triangle = not backend.is_device_array(x) and contraction.degrees_are_triangular(self.tables)
+        triangle = self._triangular and not backend.is_device_array(x)
         if source is not None and target is not None:
             self._contract(direction, source, target, x)
             return
