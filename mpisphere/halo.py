@@ -407,9 +407,7 @@ class HaloExchange(LinearOperator):
 
     def _across_forward(self, P, h, w, context):
         """Fill the rows past the poles from the rows nearest them, half way round (after the neighbours' phase)."""
-        if not self._across:
-            return
-        poles = self._pole_rows(h)
+        poles = self._pole_rows(h) if self._across else None
         if not poles:
             return
         xp, c = backend.array_module(P), self.cols
@@ -424,9 +422,7 @@ class HaloExchange(LinearOperator):
 
     def _across_adjoint(self, P, h, w, context):
         """The adjoint of :meth:`_across_forward`: the rows past the poles go home and are added; zeroed."""
-        if not self._across:
-            return
-        poles = self._pole_rows(h)
+        poles = self._pole_rows(h) if self._across else None
         if not poles:
             return
         xp, c, nlon = backend.array_module(P), self.cols, self.extents[1]
