@@ -82,7 +82,6 @@ def copy_degrees(tables, src, dst, zero=True):
             dst[..., l, :n] = src[..., l, :n]
         if zero and n < dst.shape[-1]:
             dst[..., l, n:] = 0
-    return True
 
 
 def analyze(tables, fourier, spectral, workspace, method="auto", weights=None, zero=True):
