@@ -375,6 +375,11 @@ class LegendreStage(_LocalStage):
         if not ((phys.strides[3] == item or b == 1) and (phys.strides[2] == b * item or c == 1)
                 and (phys.strides[1] == c * b * item or m == 1)):
             return None
+        return LegendreStage._real(phys)
+
+    @staticmethod
+    def _real(phys):
+        """A ``(n, m, C, B)`` complex array with contiguous columns as real ``(n, m, 2 C B)``."""
         return phys.reshape(phys.shape[0], phys.shape[1], -1).view(phys.real.dtype)
 
     def _contract(self, direction, source, target, like, zero=True):
@@ -422,13 +427,13 @@ class LegendreStage(_LocalStage):
             return
         # neither side can lend its memory: a buffer of this stage's own
         if source is None:
-            source_phys = self._workspace.scratch("in", x, x.size).reshape(x.transpose(BATCH_INNERMOST).shape)
-            backend.copy_into(source_phys, x.transpose(BATCH_INNERMOST))
-            source = self._columns(source_phys.transpose(numpy.argsort(BATCH_INNERMOST)))
+            staged = self._workspace.scratch("in", x, x.size).reshape(x.transpose(BATCH_INNERMOST).shape)
+            backend.copy_into(staged, x.transpose(BATCH_INNERMOST))
+            source = self._real(staged)
         scratch = None
         if target is None:
             scratch = self._workspace.scratch("out", out, out.size).reshape(out.transpose(BATCH_INNERMOST).shape)
-            target = self._columns(scratch.transpose(numpy.argsort(BATCH_INNERMOST)))
+            target = self._real(scratch)
         self._contract(direction, source, target, x)
         if scratch is not None:
             backend.copy_into(out.transpose(BATCH_INNERMOST), scratch)
@@ -667,22 +672,20 @@ class Pipeline:
                 actions.append((k, "view"))
             elif getattr(stage, "is_identity", False) and self._order(src) == self._order(dst):
                 actions.append((k, "skip"))
-            elif role == "pad" and self._order(src) == BATCH_INNERMOST and self._pads_next(k, direction):
-                actions.append((k, "fused"))
             else:
                 actions.append((k, "run"))
+        # a padding whose next running stage is an FFT taking complex input in the batch-innermost layout
+        for i, (k, action) in enumerate(actions):
+            src = k if direction == FORWARD else k + 1
+            if action != "run" or self._truncation(self.stages[k], direction)[1] != "pad" \
+                    or self._order(src) != BATCH_INNERMOST:
+                continue
+            following = next((j for j, a in actions[i + 1:] if a != "skip"), None)
+            if following is not None:
+                inner, run_direction = self._unwrap(self.stages[following], direction)
+                if isinstance(inner, FourierStage) and not inner._takes_real(run_direction):
+                    actions[i] = (k, "fused")
         return actions
-
-    def _pads_next(self, k, direction):
-        """Whether the stage run after stage ``k`` is a FourierStage taking complex input (it zero-pads)."""
-        step = 1 if direction == FORWARD else -1
-        k += step
-        while 0 <= k < len(self.stages) and getattr(self.stages[k], "is_identity", False):
-            k += step
-        if not 0 <= k < len(self.stages):
-            return False
-        inner, run_direction = self._unwrap(self.stages[k], direction)
-        return isinstance(inner, FourierStage) and not inner._takes_real(run_direction)
 
     @staticmethod
     def _unwrap(stage, direction):
