@@ -16,9 +16,11 @@ unweighted table serves an analysis and a synthesis (the transforms of a grid
 share it).
 
 Two methods: ``per-order`` (one matrix product per order and parity, each
-on a slice that stays in cache: NumPy's default) and ``batched`` (one
-batched product over zero-padded tables: CuPy's default, one kernel instead
-of hundreds).
+on a slice that stays in cache: NumPy's default; it leaves out the polar
+latitudes where an order's functions are negligible, see
+:class:`~mpisphere.sht.tables.LegendreTables` ``even_from``) and ``batched``
+(one batched product over zero-padded tables: CuPy's default, one kernel
+instead of hundreds).
 """
 
 import numpy
@@ -111,24 +113,27 @@ def analyze(tables, fourier, spectral, workspace, method="auto", weights=None, z
             if zero:
                 spectral[:t.degrees, j] = 0
             continue
+        # the polar latitudes where the order's functions are negligible take no part (tables.NEGLIGIBLE)
+        k_even, k_odd = t.even_from[j], t.odd_from[j]
+        first = min(k_even, k_odd) if odd.shape[0] else min(k_even, n_north)
         # the whole input column is read before any of the output column is written: spectral may be
         # fourier's memory (the pipeline runs this stage in place)
         column = fourier[:, j]
-        north, south = column[:n_north], column[rows - n_north:][::-1]
-        numpy.add(north, south, out=sym[:n_north])
+        north, south = column[first:n_north], column[rows - n_north:rows - first][::-1]
+        numpy.add(north, south, out=sym[first:n_north])
         if n_half > n_north:
             sym[n_north] = column[n_north]
         if odd.shape[0]:
-            numpy.subtract(north, south, out=anti)
+            numpy.subtract(north, south, out=anti[first:])
         if w_half is not None:
-            sym *= w_half
+            sym[k_even:] *= w_half[k_even:]
         if zero:
             spectral[:min(start, t.degrees), j] = 0
-        numpy.matmul(even, sym, out=spectral[start::2, j][:even.shape[0]])
+        numpy.matmul(even[:, k_even:], sym[k_even:], out=spectral[start::2, j][:even.shape[0]])
         if odd.shape[0]:
             if w_north is not None:
-                anti *= w_north
-            numpy.matmul(odd, anti, out=spectral[start + 1::2, j][:odd.shape[0]])
+                anti[k_odd:] *= w_north[k_odd:]
+            numpy.matmul(odd[:, k_odd:], anti[k_odd:], out=spectral[start + 1::2, j][:odd.shape[0]])
 
 
 def _parity_split(t, fourier, workspace):
@@ -182,14 +187,18 @@ def synthesize(tables, spectral, fourier, workspace, method="auto", weights=None
         if not even.shape[0]:
             column[...] = 0
             continue
-        numpy.matmul(even.T, spectral[start::2, j][:even.shape[0]], out=even_part)
+        # the polar latitudes where the order's functions are negligible get zero (tables.NEGLIGIBLE)
+        k_even, k_odd = t.even_from[j], t.odd_from[j]
+        even_part[:k_even] = 0
+        numpy.matmul(even[:, k_even:].T, spectral[start::2, j][:even.shape[0]], out=even_part[k_even:])
         if w_half is not None:
-            even_part *= w_half
+            even_part[k_even:] *= w_half[k_even:]
         north, south = column[:n_north], column[rows - n_north:][::-1]
         if odd.shape[0]:
-            numpy.matmul(odd.T, spectral[start + 1::2, j][:odd.shape[0]], out=odd_part)
+            odd_part[:k_odd] = 0
+            numpy.matmul(odd[:, k_odd:].T, spectral[start + 1::2, j][:odd.shape[0]], out=odd_part[k_odd:])
             if w_north is not None:
-                odd_part *= w_north
+                odd_part[k_odd:] *= w_north[k_odd:]
             numpy.add(even_part[:n_north], odd_part, out=north)
             numpy.subtract(even_part[:n_north], odd_part, out=south)
         else:

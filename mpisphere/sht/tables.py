@@ -33,6 +33,11 @@ __all__ = ["LegendreTables", "scalar_tables", "vector_tables"]
 
 _CHUNK = 16  # orders per recurrence run: bounds the temporary full table
 
+# An order's functions fall off towards the poles like sin(theta)^m. The polar latitudes where all of an
+# order's values lie below this fraction of its largest are skipped by the contraction: they change a
+# float64 result by less than 1e-30 of the sum of absolute values its rounding is measured against
+NEGLIGIBLE = 1e-30
+
 
 class LegendreTables:
     """Parity-split tables for one rank's orders.
@@ -62,18 +67,29 @@ class LegendreTables:
         self.n_half = self.n_north + nlat % 2
         self.dtype = numpy.dtype(dtype)
         self.even, self.odd = [], []
+        self.even_from, self.odd_from = [], []
         self._device = {}
 
     def _add(self, values, start):
         """Append one order from its ``(L, n_half)`` values on the northern half (and equator)."""
-        self.even.append(numpy.ascontiguousarray(values[start::2, :], dtype=self.dtype))
-        self.odd.append(numpy.ascontiguousarray(values[start + 1::2, :self.n_north], dtype=self.dtype))
+        even = numpy.ascontiguousarray(values[start::2, :], dtype=self.dtype)
+        odd = numpy.ascontiguousarray(values[start + 1::2, :self.n_north], dtype=self.dtype)
+        largest = float(numpy.abs(values[start:]).max()) if values[start:].size else 0.0
+        self.even.append(even)
+        self.odd.append(odd)
+        self.even_from.append(_first_significant(even, NEGLIGIBLE * largest))
+        self.odd_from.append(_first_significant(odd, NEGLIGIBLE * largest))
 
     def nbytes(self):
         return sum(t.nbytes for t in self.even) + sum(t.nbytes for t in self.odd)
 
     def multiply_adds(self, columns):
-        """Multiply-adds of one contraction of ``columns`` real columns (for load balance and scaling)."""
+        """Multiply-adds of one contraction of ``columns`` real columns, one per stored entry and column.
+
+        Counts the polar entries the contraction skips (see ``even_from``)
+        too, as :func:`mpisphere.sht.costs.table_entries` does: a rate
+        measured per this count and the cost model's count agree.
+        """
         return columns * sum(t.size for t in self.even + self.odd)
 
     def padded(self, xp, device_id):
@@ -101,6 +117,14 @@ class LegendreTables:
             self._device[key] = tuple(xp.asarray(a) for a in (even, odd)) + \
                 (tuple(xp.asarray(a) for a in index_even), tuple(xp.asarray(a) for a in index_odd))
         return self._device[key]
+
+
+def _first_significant(table, threshold):
+    """The first column of ``table`` with an entry above ``threshold`` in magnitude (at most the last column)."""
+    if not table.size:
+        return 0
+    significant = numpy.flatnonzero(numpy.any(numpy.abs(table) > threshold, axis=0))
+    return int(significant[0]) if significant.size else table.shape[1] - 1
 
 
 def _north(theta):
