@@ -37,13 +37,21 @@ from mpisphere.sht.costs import sht_costs
 
 
 def _median_seconds(fn, repeats=5):
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]
+    return _interleaved_medians([fn], repeats)[0]
+
+
+def _interleaved_medians(fns, rounds, warmup=3):
+    """Median seconds of each of ``fns``, timed one after the other round by round (drift hits all alike)."""
+    for _ in range(warmup):
+        for fn in fns:
+            fn()
+    times = [[] for _ in fns]
+    for _ in range(rounds):
+        for fn, kept in zip(fns, times):
+            start = time.perf_counter()
+            fn()
+            kept.append(time.perf_counter() - start)
+    return [sorted(kept)[len(kept) // 2] for kept in times]
 
 
 def measure_rates(dtype):
@@ -62,17 +70,19 @@ def measure_rates(dtype):
         spectral = numpy.empty((sht.lmax, sht.mmax, batch), cdtype)
         real = lambda a: a.view(a.real.dtype)  # noqa: E731
         workspace = type(grid.scratch)()
-        seconds = _median_seconds(lambda: contraction.analyze(sht.tables, real(fourier), real(spectral), workspace))
-        rate_legendre = sht.tables.multiply_adds(2 * batch) / seconds
         stage = FourierStage(nlon, dtype, False, sht.domain, sht.fft)
         x = rng.standard_normal((batch, nlat, nlon)).astype(dtype)
         spectrum = numpy.empty((batch, nlat, nlon // 2 + 1), cdtype)
-        seconds = _median_seconds(lambda: stage._rfft(x, "forward", spectrum))
-        rate_fft = 2.5 * nlon * math.log2(nlon) * batch * nlat / seconds
         source = rng.standard_normal((batch, nlat, 360, 2)).astype(dtype)
         target = numpy.empty((nlat, 360, 2, batch), dtype)
-        seconds = _median_seconds(lambda: numpy.copyto(target, source.transpose(1, 2, 3, 0)))
-        rate_copy = source.nbytes / seconds
+        # calls of milliseconds on a shared machine: many rounds, the three kinds in alternation
+        seconds = _interleaved_medians([
+            lambda: contraction.analyze(sht.tables, real(fourier), real(spectral), workspace),
+            lambda: stage._rfft(x, "forward", spectrum),
+            lambda: numpy.copyto(target, source.transpose(1, 2, 3, 0))], rounds=31)
+        rate_legendre = sht.tables.multiply_adds(2 * batch) / seconds[0]
+        rate_fft = 2.5 * nlon * math.log2(nlon) * batch * nlat / seconds[1]
+        rate_copy = source.nbytes / seconds[2]
     return rate_legendre, rate_fft, rate_copy
 
 

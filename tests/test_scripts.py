@@ -52,3 +52,11 @@ def test_fourdvar_lowers_the_error(tmp_path):
 def test_benchmarks_run(tmp_path, script, args):
     out = launch(2, script, *args, cwd=tmp_path)
     assert "1x2" in out and "2x1" in out
+
+
+def test_fft_benchmark_runs_every_backend(tmp_path):
+    out = launch(1, "bench_fft.py", "--nlat", "9", "--nlon", "16", "--batch", "2", "--rounds", "1",
+                 "--json", str(tmp_path / "fft.json"), cwd=tmp_path)
+    for backend in ("numpy", "scipy.fft", "ducc0"):
+        assert f"rfft  {backend} " in out and f"irfft {backend} " in out, out
+    assert (tmp_path / "fft.json").exists()
