@@ -13,7 +13,10 @@ bytes and messages of each of the four transposes. Time:
         + sum over the four transposes of max over ranks of (messages * latency + bytes sent / bandwidth)
 
 R_L, R_F and R_C (multiply-adds, flops and copied bytes a second) are
-measured here on one core at start-up; latency and bandwidth are a stated
+measured here on one core at start-up; R_L at 2 to 128 real columns (1 to
+64 fields), because the contraction's matrix products run ten times faster
+per multiply-add with 128 columns than with 2, and each rank's count is its
+share of the batch (few fields on many polar ranks), interpolated between; latency and bandwidth are a stated
 network model (--latency-us, --bandwidth-gbs: per rank, defaults 2 us and
 6.25 GB/s, an HDR InfiniBand NIC's 25 GB/s shared by 4 ranks a node; with
 one rank per GPU and one NIC per GPU use --bandwidth-gbs 25). Each rank
@@ -54,8 +57,34 @@ def _interleaved_medians(fns, rounds, warmup=3):
     return [sorted(kept)[len(kept) // 2] for kept in times]
 
 
+# complex fields per Legendre rate measurement: the products' column count (2 per field) decides their speed,
+# and a rank's count ranges from 1 field (many polar ranks) to the whole batch
+RATE_FIELDS = (1, 2, 4, 8, 16, 32, 64)
+
+
+class LegendreRate:
+    """Multiply-adds a second of the contraction as a function of its real columns, from measured points.
+
+    Linear in ``log2(columns)`` between the points, constant beyond the ends.
+    """
+
+    def __init__(self, columns, rates):
+        self.columns, self.rates = numpy.asarray(columns, float), numpy.asarray(rates, float)
+
+    def __call__(self, columns):
+        return float(numpy.interp(numpy.log2(max(columns, 1)), numpy.log2(self.columns), self.rates))
+
+    def describe(self):
+        return ", ".join(f"{c:.0f}: {r / 1e9:.2f}" for c, r in zip(self.columns, self.rates))
+
+
 def measure_rates(dtype):
-    """Multiply-adds/s of the Legendre contraction, flops/s of the real FFT, bytes/s of a transposing copy."""
+    """The Legendre contraction's :class:`LegendreRate`, flops/s of the real FFT, bytes/s of a transposing copy.
+
+    Per stored table entry (see :meth:`LegendreTables.multiply_adds`), at
+    361 x 720, lmax 181, for each of :data:`RATE_FIELDS`; the FFT and the
+    copy on 8 fields.
+    """
     from mpi4py import MPI
 
     from mpisphere import DistributedRealSHT, ProcessGrid
@@ -66,23 +95,27 @@ def measure_rates(dtype):
         sht = DistributedRealSHT(grid, nlat, nlon, dtype=dtype)
         cdtype = sht.cdtype
         rng = numpy.random.default_rng(0)
-        fourier = (rng.standard_normal((nlat, sht.mmax, batch)) + 0j).astype(cdtype)
-        spectral = numpy.empty((sht.lmax, sht.mmax, batch), cdtype)
         real = lambda a: a.view(a.real.dtype)  # noqa: E731
         workspace = type(grid.scratch)()
+        contractions = []
+        for fields in RATE_FIELDS:
+            fourier = (rng.standard_normal((nlat, sht.mmax, fields)) + 0j).astype(cdtype)
+            spectral = numpy.empty((sht.lmax, sht.mmax, fields), cdtype)
+            contractions.append(lambda f=fourier, s=spectral: contraction.analyze(sht.tables, real(f), real(s),
+                                                                                  workspace))
         stage = FourierStage(nlon, dtype, False, sht.domain, sht.fft)
         x = rng.standard_normal((batch, nlat, nlon)).astype(dtype)
         spectrum = numpy.empty((batch, nlat, nlon // 2 + 1), cdtype)
         source = rng.standard_normal((batch, nlat, 360, 2)).astype(dtype)
         target = numpy.empty((nlat, 360, 2, batch), dtype)
-        # calls of milliseconds on a shared machine: many rounds, the three kinds in alternation
-        seconds = _interleaved_medians([
-            lambda: contraction.analyze(sht.tables, real(fourier), real(spectral), workspace),
+        # calls of milliseconds on a shared machine: many rounds, every kind in alternation
+        seconds = _interleaved_medians(contractions + [
             lambda: stage._rfft(x, "forward", spectrum),
             lambda: numpy.copyto(target, source.transpose(1, 2, 3, 0))], rounds=31)
-        rate_legendre = sht.tables.multiply_adds(2 * batch) / seconds[0]
-        rate_fft = 2.5 * nlon * math.log2(nlon) * batch * nlat / seconds[1]
-        rate_copy = source.nbytes / seconds[2]
+        columns = [2 * fields for fields in RATE_FIELDS]
+        rate_legendre = LegendreRate(columns, [sht.tables.multiply_adds(c) / t for c, t in zip(columns, seconds)])
+        rate_fft = 2.5 * nlon * math.log2(nlon) * batch * nlat / seconds[-2]
+        rate_copy = source.nbytes / seconds[-1]
     return rate_legendre, rate_fft, rate_copy
 
 
@@ -101,12 +134,20 @@ def th_costs(nlat, nlon, lmax, mmax, npolar, nazimuth, batch, itemsize):
     return madds, fft, sent, messages
 
 
-def model_time(costs, rates, latency, bandwidth):
+def model_time(costs, rates, latency, bandwidth, itemsize):
     rate_legendre, rate_fft, rate_copy = rates
-    compute = max(c.legendre_multiply_adds / rate_legendre + c.fft_flops / rate_fft + 2 * sum(c.sent) / rate_copy
-                  for c in costs)
+    compute = max(_legendre_seconds(c, rate_legendre, itemsize) + c.fft_flops / rate_fft
+                  + 2 * sum(c.sent) / rate_copy for c in costs)
     communicate = sum(max(c.messages[t] * latency + c.sent[t] / bandwidth for c in costs) for t in range(4))
     return compute, communicate
+
+
+def _legendre_seconds(cost, rate, itemsize):
+    """A rank's contraction time at the rate of its column count (multiply-adds per stored entry)."""
+    entries = cost.table_bytes // itemsize
+    if not entries or not cost.legendre_multiply_adds:
+        return 0.0
+    return cost.legendre_multiply_adds / rate(cost.legendre_multiply_adds / entries)
 
 
 def shapes(ranks, nlat, lmax):
@@ -122,7 +163,7 @@ def scaling_rows(nlat, nlon, batch, dtype, rates, latency, bandwidth, rank_count
         best = None
         for npolar, nazimuth in shapes(ranks, nlat, lmax):
             costs = sht_costs(nlat, nlon, lmax, mmax, npolar, nazimuth, batch=batch, dtype=dtype, orders=orders)
-            compute, communicate = model_time(costs, rates, latency, bandwidth)
+            compute, communicate = model_time(costs, rates, latency, bandwidth, itemsize)
             if best is None or compute + communicate < best[0]:
                 best = (compute + communicate, compute, communicate, npolar, nazimuth, costs)
         total, compute, communicate, npolar, nazimuth, costs = best
@@ -130,7 +171,8 @@ def scaling_rows(nlat, nlon, batch, dtype, rates, latency, bandwidth, rank_count
         th_best = None
         for p, a in shapes(ranks, nlat, lmax):
             madds, fft, sent, messages = th_costs(nlat, nlon, lmax, mmax, p, a, batch, itemsize)
-            t = madds / rates[0] + fft / rates[1] + 2 * sum(sent) / rates[2] + sum(
+            columns = 2 * (-(-batch // max(p, a)) * max(p, a) // p)  # 2 reals a field of its padded polar share
+            t = madds / rates[0](columns) + fft / rates[1] + 2 * sum(sent) / rates[2] + sum(
                 messages[i] * latency + sent[i] / bandwidth for i in range(4))
             th_best = t if th_best is None else min(th_best, t)
         rows.append({"ranks": ranks, "grid": f"{npolar}x{nazimuth}",
@@ -198,7 +240,7 @@ def check(args):
                 sht.forward(x, out=out)
             measured = grid.cart.allreduce(_median_seconds(run, 7), op=MPI.MAX)
         costs = sht_costs(nlat, nlon, lmax, mmax, npolar, nazimuth, batch=batch, dtype=dtype, orders="balanced")
-        compute, communicate = model_time(costs, rates, latency, bandwidth)
+        compute, communicate = model_time(costs, rates, latency, bandwidth, dtype.itemsize)
         if world.Get_rank() == 0:
             model = (compute + communicate) * 1e3
             print(f"{npolar}x{nazimuth}: measured {measured * 1e3:.1f} ms, model {model:.1f} ms "
@@ -227,7 +269,8 @@ def main(argv=None):
         rates = measure_rates(dtype)
         lmax, mmax = truncate_sht(args.nlat, args.nlon)
         print(f"\n{args.batch} x {args.nlat} x {args.nlon} {numpy.dtype(dtype).name}, lmax = mmax = {lmax}, balanced "
-              f"orders; rates on one core: Legendre {rates[0] / 1e9:.2f} Gmadd/s, FFT {rates[1] / 1e9:.2f} Gflop/s, "
+              f"orders; rates on one core: Legendre {rates[0].describe()} Gmadd/s by real columns, "
+              f"FFT {rates[1] / 1e9:.2f} Gflop/s, "
               f"copies {rates[2] / 1e9:.2f} GB/s; network {args.latency_us} us, {args.bandwidth_gbs} GB/s a rank\n")
         rows = scaling_rows(args.nlat, args.nlon, args.batch, dtype, rates, args.latency_us * 1e-6,
                             args.bandwidth_gbs * 1e9, counts)

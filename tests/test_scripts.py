@@ -60,3 +60,11 @@ def test_fft_benchmark_runs_every_backend(tmp_path):
     for backend in ("numpy", "scipy.fft", "ducc0"):
         assert f"rfft  {backend} " in out and f"irfft {backend} " in out, out
     assert (tmp_path / "fft.json").exists()
+
+
+def test_scaling_model_prints_a_row_per_rank_count(tmp_path):
+    out = launch(1, "scaling_model.py", "--nlat", "33", "--nlon", "64", "--batch", "4", "--max-ranks", "8",
+                 "--markdown", cwd=tmp_path)
+    rows = [line for line in out.splitlines() if line.startswith("| ") and line.split("|")[1].strip().isdigit()]
+    assert [int(row.split("|")[1]) for row in rows] == [1, 2, 4, 8] * 2, out  # float64, then float32
+    assert "Gmadd/s by real columns" in out
