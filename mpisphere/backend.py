@@ -174,6 +174,24 @@ def device_of(a):
     return contextlib.nullcontext()
 
 
+def on_device_of(like, host, cache, key=None):
+    """``host`` (a NumPy array, or a tuple of them) where ``like`` lives: itself for host arrays.
+
+    For a device array, a copy on ``like``'s device, made once and kept in
+    ``cache`` (an operator's own dict) under ``(key, device id)``: the
+    constant arrays of an operator (weights, coefficients, indices) are
+    uploaded once per device, not once per call.
+    """
+    if not _is_cupy_array(like):
+        return host
+    slot = (key, like.device.id)
+    if slot not in cache:
+        with like.device:
+            cupy = sys.modules["cupy"]
+            cache[slot] = tuple(cupy.asarray(h) for h in host) if isinstance(host, tuple) else cupy.asarray(host)
+    return cache[slot]
+
+
 def synchronize(a):
     """Wait until the current stream of ``a``'s device has produced ``a``.
 

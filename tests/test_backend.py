@@ -104,3 +104,33 @@ def test_vendor_switches(environ, expected):
     assert value is expected, source
     if not environ:
         assert "staging through host memory" in source
+
+
+class _FakeDevice:
+    def __init__(self, id):
+        self.id, self.entered = id, 0
+
+    def __enter__(self):
+        self.entered += 1
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_constants_go_to_each_device_once(monkeypatch):
+    uploads = []
+    fake_cupy = type(sys)("cupy")
+    fake_cupy.asarray = lambda a: uploads.append(a) or ("on device", a)
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
+    host, pair, cache = numpy.arange(3.0), (numpy.zeros(2), numpy.ones(2)), {}
+    assert backend.on_device_of(numpy.zeros(1), host, cache) is host  # host arrays: the array itself, no cache
+    assert cache == {}
+    devices = [FakeDeviceArray(), FakeDeviceArray()]
+    devices[0].device, devices[1].device = _FakeDevice(0), _FakeDevice(1)
+    first = backend.on_device_of(devices[0], host, cache)
+    assert first == ("on device", host) and backend.on_device_of(devices[0], host, cache) is first
+    assert devices[0].device.entered == 1  # uploaded inside the array's device context, once
+    assert backend.on_device_of(devices[1], host, cache) is not first  # another device: its own copy
+    both = backend.on_device_of(devices[0], pair, cache, key="pair")  # a tuple: each member, under its own key
+    assert both == tuple(("on device", a) for a in pair)
+    assert len(uploads) == 4

@@ -109,7 +109,12 @@ class FourierStage(_LocalStage):
         self.real = numpy.dtype(dtype)
         self.complex = numpy.result_type(self.real, numpy.complex64)
         self.synthesis = synthesis
-        self._multiplicity = {}
+        # c_m: how often a real signal holds order m (2, but 1 for m = 0 and m = nlon / 2)
+        self._host_multiplicity = numpy.full(self.half, 2.0, self.real)
+        self._host_multiplicity[0] = 1.0
+        if self.nlon % 2 == 0:
+            self._host_multiplicity[-1] = 1.0
+        self._device = {}
         self._workspace = backend.Workspace()
 
     def _describe(self):
@@ -131,15 +136,8 @@ class FourierStage(_LocalStage):
         return (spectrum, real) if self.synthesis else (real, spectrum)
 
     def multiplicity(self, like):
-        key = (backend.is_device_array(like), getattr(getattr(like, "device", None), "id", None))
-        if key not in self._multiplicity:
-            c = numpy.full(self.half, 2.0)
-            c[0] = 1.0
-            if self.nlon % 2 == 0:
-                c[-1] = 1.0
-            with backend.device_of(like):
-                self._multiplicity[key] = backend.array_module(like).asarray(c.astype(self.real))
-        return self._multiplicity[key]
+        """``c_m`` (see the class notes), ``(half,)`` real, where ``like`` lives."""
+        return backend.on_device_of(like, self._host_multiplicity, self._device)
 
     def _rfft(self, x, norm, out):
         if self.fft == "ducc0" and isinstance(x, numpy.ndarray) and isinstance(out, numpy.ndarray):
@@ -242,6 +240,7 @@ class Truncation(_LocalStage):
             if numpy.array_equal(orders, numpy.arange(mmax)):
                 orders = None
         self.orders = orders
+        self._inverse = None if orders is None else numpy.argsort(orders)
         self._device = {}
 
     @property
@@ -262,13 +261,8 @@ class Truncation(_LocalStage):
         return lead + (self.half,), lead + (self.mmax,)
 
     def _index(self, like, which):
-        """The kept orders (``which=0``) or their inverse permutation (1), in ``like``'s module."""
-        key = (which, like.device.id if backend.is_device_array(like) else None)
-        if key not in self._device:
-            index = self.orders if which == 0 else numpy.argsort(self.orders)
-            with backend.device_of(like):
-                self._device[key] = backend.array_module(like).asarray(index)
-        return self._device[key]
+        """The kept orders (``which=0``) or their inverse permutation (1), where ``like`` lives."""
+        return backend.on_device_of(like, self.orders if which == 0 else self._inverse, self._device, which)
 
     @staticmethod
     def _take(x, index, out):
@@ -331,7 +325,7 @@ class LegendreStage(_LocalStage):
         self.tables = tables
         real = numpy.empty(0, dtype).real.dtype
         self.weights = None if weights is None else numpy.ascontiguousarray(weights, dtype=real)
-        self._device_weights = {}
+        self._device = {}
         self.nlat = nlat
         self.dtype = numpy.dtype(dtype)
         self.method = method
@@ -353,14 +347,8 @@ class LegendreStage(_LocalStage):
         return lead + (self.nlat, count), lead + (self.tables.degrees, count)
 
     def _weights(self, like):
-        """The weights in ``like``'s module (cached per device), or None."""
-        if self.weights is None or not backend.is_device_array(like):
-            return self.weights
-        key = like.device.id
-        if key not in self._device_weights:
-            with like.device:
-                self._device_weights[key] = backend.array_module(like).asarray(self.weights)
-        return self._device_weights[key]
+        """The weights where ``like`` lives, or None."""
+        return None if self.weights is None else backend.on_device_of(like, self.weights, self._device)
 
     # the pipeline may hand this stage an output that shares the input's memory (see Pipeline): the
     # contraction reads all of an order's input column before it writes that order's output column
@@ -489,14 +477,8 @@ class VectorCoupling(_LocalStage):
         return lead + (2, self.lin, self.count), lead + (2, self.lout, self.count)
 
     def _coefficients(self, like):
-        if not backend.is_device_array(like):
-            return self.alpha, self.beta, self.delta, self.g
-        key = like.device.id
-        if key not in self._device:
-            with like.device:
-                self._device[key] = tuple(backend.array_module(like).asarray(c)
-                                          for c in (self.alpha, self.beta, self.delta, self.g))
-        return self._device[key]
+        """``(alpha, beta, delta, g)`` where ``like`` lives."""
+        return backend.on_device_of(like, (self.alpha, self.beta, self.delta, self.g), self._device)
 
     # orders per block on the host: the six passes of a block stay in cache instead of six passes over memory
     # (about 4x faster at 361 x 720, 32 winds); on a GPU one block (fewer kernel launches)
