@@ -709,7 +709,7 @@ class Pipeline:
                     dst = actions[j][0] + 1 if direction == FORWARD else actions[j][0]
                     padded = out if j == into_out else self._buffer(dst, current, following_slot)
                     stage._run(direction, current, following.embed(padded), context)
-                    current, slot = padded, following_slot
+                    current, slot = padded, None if padded is out else following_slot
                     i = j
                     nonzero = following.mmax
                 else:
@@ -717,7 +717,7 @@ class Pipeline:
                     dst = k + 1 if direction == FORWARD else k
                     target, target_slot = None, following_slot
                     if i == into_out:
-                        target = out
+                        target, target_slot = out, None
                     elif slot is not None and getattr(inner, "in_place", False):
                         # one batch-sized buffer instead of two (the Legendre step)
                         target, target_slot = self._in_place(dst, current, slot), slot
