@@ -120,7 +120,11 @@ def measure_rates(dtype):
 
 
 def th_costs(nlat, nlon, lmax, mmax, npolar, nazimuth, batch, itemsize):
-    """torch-harmonics' algorithm in the same terms: padded splits, full-rectangle Legendre."""
+    """torch-harmonics' algorithm in the same terms: padded splits, full-rectangle Legendre.
+
+    Returns multiply-adds, FFT flops, bytes sent and messages per transpose,
+    and the real columns of its contraction (2 per field of a polar rank).
+    """
     pad = lambda n, p: -(-n // p)  # noqa: E731
     padded = pad(batch, max(npolar, nazimuth)) * max(npolar, nazimuth)
     h, w, m, l = pad(nlat, npolar), pad(nlon, nazimuth), pad(mmax, nazimuth), pad(lmax, npolar)
@@ -131,7 +135,7 @@ def th_costs(nlat, nlon, lmax, mmax, npolar, nazimuth, batch, itemsize):
     sent = ((padded - ba) * h * w * itemsize, ba * h * (mmax - m) * c, (padded - bp) * h * m * c,
             bp * (lmax - l) * m * c)
     messages = (nazimuth - 1, nazimuth - 1, npolar - 1, npolar - 1)
-    return madds, fft, sent, messages
+    return madds, fft, sent, messages, 2 * bp
 
 
 def model_time(costs, rates, latency, bandwidth, itemsize):
@@ -170,8 +174,7 @@ def scaling_rows(nlat, nlon, batch, dtype, rates, latency, bandwidth, rank_count
         worst = max(costs, key=lambda c: c.legendre_multiply_adds)
         th_best = None
         for p, a in shapes(ranks, nlat, lmax):
-            madds, fft, sent, messages = th_costs(nlat, nlon, lmax, mmax, p, a, batch, itemsize)
-            columns = 2 * (-(-batch // max(p, a)) * max(p, a) // p)  # 2 reals a field of its padded polar share
+            madds, fft, sent, messages, columns = th_costs(nlat, nlon, lmax, mmax, p, a, batch, itemsize)
             t = madds / rates[0](columns) + fft / rates[1] + 2 * sum(sent) / rates[2] + sum(
                 messages[i] * latency + sent[i] / bandwidth for i in range(4))
             th_best = t if th_best is None else min(th_best, t)
