@@ -51,7 +51,9 @@ _PUBLIC = {
     "DistributedRealVectorSHT": "sht",
     "calculus": "sht",
     "DistributedInverseRealVectorSHT": "sht",
-    "select_device": "backend",
+    "select_device": "devices",
+    "Described": "agreement",
+    "agree_construction": "agreement",
 }
 
 __all__ = list(_PUBLIC)

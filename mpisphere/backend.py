@@ -8,7 +8,8 @@ differ between the two:
 * on which device (:func:`device_of`);
 * how device work is ordered against MPI (the stream rule below);
 * how host staging buffers are kept and reused (:class:`Workspace`);
-* which GPU a rank uses (:func:`select_device`).
+* how many GPUs this process sees (:func:`visible_device_count`; which one
+  a rank uses is :func:`mpisphere.devices.select_device`).
 
 CuPy is never imported here unless the caller already holds a CuPy array or
 asks for a device explicitly.
@@ -33,7 +34,6 @@ called and has written its receive buffers when it returns. So
 """
 
 import contextlib
-import os
 import sys
 
 import numpy
@@ -48,7 +48,6 @@ __all__ = [
     "device_of",
     "synchronize",
     "Workspace",
-    "select_device",
     "import_cupy",
     "copy_to_host",
     "copy_from_host",
@@ -332,56 +331,3 @@ def visible_device_count():
         return int(cupy.cuda.runtime.getDeviceCount())
     except Exception:  # ImportError, CUDARuntimeError (no driver), ...
         return 0
-
-
-def node_local_rank(comm):
-    """Rank of this process among the processes of ``comm`` on the same node.
-
-    Collective over ``comm`` (``Split_type(COMM_TYPE_SHARED)``).
-    """
-    from mpi4py import MPI
-    local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
-    try:
-        return local.Get_rank(), local.Get_size()
-    finally:
-        local.Free()
-
-
-def select_device(comm=None):
-    """Choose and activate this rank's GPU: node-local rank modulo visible devices.
-
-    Call it once, right after MPI starts and before any other CUDA work. It
-    honours ``CUDA_VISIBLE_DEVICES`` (the ids are those CuPy sees), and
-    several ranks sharing one GPU is fine (they get the same id).
-
-    Parameters
-    ----------
-    comm : mpi4py.MPI.Intracomm, optional
-        Communicator whose ranks share out the devices; default
-        ``MPI.COMM_WORLD``. Collective over it.
-
-    Returns
-    -------
-    int
-        The device id now current for CuPy.
-
-    Raises
-    ------
-    RuntimeError
-        If no CUDA device is visible (raised after the collective part, on
-        every rank that sees none).
-    """
-    from mpi4py import MPI
-    comm = MPI.COMM_WORLD if comm is None else comm
-    local_rank, _ = node_local_rank(comm)
-    count = visible_device_count()
-    if count == 0:
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        raise RuntimeError(
-            "mpisphere.select_device: no CUDA device visible to this process"
-            + (f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else "")
-            + "; is CuPy installed with a matching driver?")
-    device_id = local_rank % count
-    cupy = import_cupy()
-    cupy.cuda.Device(device_id).use()
-    return device_id

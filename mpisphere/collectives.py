@@ -40,6 +40,18 @@ __all__ = [
     "exchange",
     "scatterv",
     "gatherv",
+    "bcast_floats",
+    "node_local_rank",
+    "isend",
+    "irecv",
+    "isend_bytes",
+    "irecv_bytes",
+    "wait",
+    "cancel",
+    "test",
+    "waitany",
+    "waitall",
+    "exchange_objects",
 ]
 
 
@@ -99,6 +111,33 @@ def allreduce_floats(comm, values, op=MPI.SUM):
     result = numpy.empty_like(values)
     comm.Allreduce([values, MPI.DOUBLE], [result, MPI.DOUBLE], op)
     return result
+
+
+def node_local_rank(comm):
+    """``(rank, size)`` of this process among the processes of ``comm`` on the same node.
+
+    Collective over ``comm`` (``Split_type(COMM_TYPE_SHARED)``; the node's
+    communicator is freed again).
+    """
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    try:
+        return local.Get_rank(), local.Get_size()
+    finally:
+        local.Free()
+
+
+def bcast_floats(comm, values, root=0):
+    """``root``'s small float64 NumPy array on every rank, in place (one verdict for every rank)."""
+    comm.Bcast([values, MPI.DOUBLE], root=root)
+    return values
+
+
+def exchange_objects(comm, partners, obj, tag):
+    """Send ``obj`` (picklable) to every rank in ``partners`` and return ``{rank: their obj}`` (point to point)."""
+    sends = [comm.isend(obj, dest=rank, tag=tag) for rank in partners]
+    theirs = {rank: comm.recv(source=rank, tag=tag) for rank in partners}
+    MPI.Request.Waitall(sends)
+    return theirs
 
 
 def allreduce_max_ints(comm, values):
@@ -269,3 +308,52 @@ def gatherv(comm, send, recv, counts, displs, root=0, *, staged=False):
         spec = [stage.recv("gather-recv", recv, dtype, _count_of(recv, None)), (counts, displs), datatype]
     comm.Gatherv([s, _count_of(send, None), datatype], spec, root=root)
     stage.finish()
+
+
+# --- point to point, non-blocking ---------------------------------------------
+
+def isend(comm, values, dest, tag):
+    """``MPI_Isend`` of a small host int64 array (a header); returns the request."""
+    return comm.Isend([values, MPI.INT64_T], dest=dest, tag=tag)
+
+
+def irecv(comm, values, source, tag):
+    """``MPI_Irecv`` into a small host int64 array (a header); returns the request."""
+    return comm.Irecv([values, MPI.INT64_T], source=source, tag=tag)
+
+
+def isend_bytes(comm, buf, dest, tag):
+    """``MPI_Isend`` of a flat contiguous array as bytes (host, or device with a CUDA-aware MPI)."""
+    staging.prepare(buf)
+    return comm.Isend([buf, int(buf.size) * numpy.dtype(buf.dtype).itemsize, MPI.BYTE], dest=dest, tag=tag)
+
+
+def irecv_bytes(comm, buf, nbytes, source, tag):
+    """``MPI_Irecv`` of exactly ``nbytes`` bytes into the start of the flat contiguous array ``buf``."""
+    return comm.Irecv([buf, int(nbytes), MPI.BYTE], source=source, tag=tag)
+
+
+def wait(request):
+    """``MPI_Wait``."""
+    request.Wait()
+
+
+def cancel(request):
+    """``MPI_Cancel`` a pending receive and complete it (no message is consumed)."""
+    request.Cancel()
+    request.Wait()
+
+
+def test(request):
+    """``MPI_Test``: whether the request has completed."""
+    return request.Test()
+
+
+def waitany(requests):
+    """``MPI_Waitany``: the index of a request that completed."""
+    return MPI.Request.Waitany(requests)
+
+
+def waitall(requests):
+    """``MPI_Waitall``."""
+    MPI.Request.Waitall(requests)

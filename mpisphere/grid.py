@@ -9,7 +9,7 @@ so rank ``r`` has polar index ``r // nazimuth`` and azimuth index
 other way round (see :class:`ProcessGrid`).
 """
 
-import threading
+import contextlib
 import warnings
 import weakref
 
@@ -17,6 +17,7 @@ import numpy
 from mpi4py import MPI
 
 from . import backend, collectives, cuda_aware, dtypes
+from .agreement import REFUSED, CallGuard, InputError, agree, raise_everywhere
 from .launch import world_mismatch
 from .partition import check_int, chunk_slice, offsets_of, split_sizes
 
@@ -36,18 +37,19 @@ class GridComm(MPI.Cartcomm):
         operators built on any of them sum (an operator on ``grid.polar``
         runs as one copy per column of the grid; together the copies map the
         whole field);
-    ``lock``
-        one lock per grid, held while an operator communicates on any of its
-        communicators: a second thread that tries raises instead of mixing
-        its messages with the first one's (use :meth:`ProcessGrid.dup` for a
-        grid of its own).
+    ``guard``
+        one :class:`~mpisphere.agreement.CallGuard` per grid, held while an
+        operator communicates on any of its communicators: a second thread
+        that tries raises instead of mixing its messages with the first
+        one's, and the other ranks raise for that call too (use
+        :meth:`ProcessGrid.dup` for a grid of its own).
     """
 
     @classmethod
-    def _wrap(cls, comm, name, space, lock):
+    def _wrap(cls, comm, name, space, guard):
         wrapped = cls(comm)
         wrapped.space = wrapped if space is None else space
-        wrapped.lock = lock
+        wrapped.guard = guard
         wrapped.Set_name(name)
         return wrapped
 
@@ -180,11 +182,11 @@ class ProcessGrid:
             p, a = self.comm_rank % self.npolar, self.comm_rank // self.npolar
             comm = comm.Split(0, p * self.nazimuth + a)
             owned.append(comm)
-        self._lock = threading.RLock()
+        self.guard = CallGuard()
         cart = comm.Create_cart([self.npolar, self.nazimuth], periods=[False, True], reorder=False)
-        self.cart = GridComm._wrap(cart, "grid.cart", None, self._lock)
-        self.polar = GridComm._wrap(self.cart.Sub([True, False]), "grid.polar", self.cart, self._lock)
-        self.azimuth = GridComm._wrap(self.cart.Sub([False, True]), "grid.azimuth", self.cart, self._lock)
+        self.cart = GridComm._wrap(cart, "grid.cart", None, self.guard)
+        self.polar = GridComm._wrap(self.cart.Sub([True, False]), "grid.polar", self.cart, self.guard)
+        self.azimuth = GridComm._wrap(self.cart.Sub([False, True]), "grid.azimuth", self.cart, self.guard)
         self._owned = owned
         self._freed = False
         self.polar_rank = self.polar.Get_rank()
@@ -331,7 +333,7 @@ class ProcessGrid:
             On ``root``: the whole field (NumPy or CuPy; any strides). On the
             other ranks it is ignored (pass ``None``).
         root : int
-            Grid rank holding the field.
+            Grid rank holding the field; the same on every rank.
 
         Returns
         -------
@@ -342,49 +344,61 @@ class ProcessGrid:
 
         Raises
         ------
-        ValueError, TypeError
-            On every rank, when root's field cannot be scattered (not an
-            array, fewer than 2 axes, an unsupported dtype, too small for the
-            grid).
+        ValueError, TypeError, MemoryError
+            On every rank, before any data moves: ranks that name different
+            roots, a root out of range, root's field that cannot be scattered
+            (not an array, fewer than 2 axes, an unsupported dtype, too small
+            for the grid), or a tile that cannot be allocated on some rank.
         """
         self._check_alive()
-        root = self._check_root(root, "scatter")
-        meta = error = None
-        if self.rank == root:
-            if not backend.is_array(field) or field.ndim < 2:
-                error = ("TypeError" if not backend.is_array(field) else "ValueError",
-                         f"root {root} must pass an array with at least 2 axes, got "
-                         f"{type(field).__name__} {getattr(field, 'shape', '')}".rstrip())
-            elif dtypes.unsupported(field.dtype):
-                error = ("TypeError", f"root {root}'s field: {dtypes.unsupported(field.dtype)}")
-            else:
-                meta = (tuple(field.shape), numpy.dtype(field.dtype).str)
-                try:
-                    self._check_extents(field.shape[-2], field.shape[-1], "scatter")
-                except ValueError as exc:
-                    error = ("ValueError", str(exc).removeprefix("ProcessGrid.scatter: "))
-        meta, error = collectives.bcast_object(self.cart, (meta, error), root=root)
-        if error:
-            raise (TypeError if error[0] == "TypeError" else ValueError)(f"ProcessGrid.scatter: {error[1]}")
-        shape, dtype = meta
-        lead, nlat, nlon = shape[:-2], shape[-2], shape[-1]
-        xp = backend.array_module(field) if backend.is_array(field) else numpy
-        h, w = self.local_shape(nlat, nlon)
-        tile = xp.empty(lead + (h, w), dtype=dtype)
-        counts, displs, send = [], [], None
-        if self.rank == root:
-            send = xp.empty(field.size, dtype=dtype)
-            start = 0
-            for r in range(self.size):
-                lat, lon = self.tile_slices(nlat, nlon, r)
-                block = field[..., lat, lon]
-                send[start:start + block.size].reshape(block.shape)[...] = block
-                counts.append(block.size)
-                displs.append(start)
-                start += block.size
-        collectives.scatterv(self.cart, send, counts, displs, tile.reshape(-1), root=root,
-                             staged=backend.is_device_array(tile) and not self.cuda_aware[0])
+        who = "ProcessGrid.scatter"
+        error = None
+        try:
+            root = self._check_root(root, "scatter")
+            if self.rank == root:
+                self._check_field(field, root)
+        except InputError as exc:
+            error = exc
+        with self._holding(who):
+            agree(self.cart, who, error, f"root={root!r}", signature=who)
+            meta = (tuple(field.shape), numpy.dtype(field.dtype).str) if self.rank == root else None
+            shape, dtype = collectives.bcast_object(self.cart, meta, root=root)
+            lead, nlat, nlon = shape[:-2], shape[-2], shape[-1]
+            xp = backend.array_module(field) if backend.is_array(field) else numpy
+            h, w = self.local_shape(nlat, nlon)
+            counts, displs, send, tile = [], [], None, None
+            try:  # allocate before the data moves: a failure on one rank raises on all
+                tile = xp.empty(lead + (h, w), dtype=dtype)
+                if self.rank == root:
+                    send = xp.empty(field.size, dtype=dtype)
+                    start = 0
+                    for r in range(self.size):
+                        lat, lon = self.tile_slices(nlat, nlon, r)
+                        block = field[..., lat, lon]
+                        send[start:start + block.size].reshape(block.shape)[...] = block
+                        counts.append(block.size)
+                        displs.append(start)
+                        start += block.size
+                error = None
+            except Exception as exc:  # noqa: BLE001 -- MemoryError, cupy's OutOfMemoryError
+                error = InputError.from_exception(exc, f"allocating a tile of {lead + (h, w)} {numpy.dtype(dtype)}")
+            agree(self.cart, who, error, f"{shape} {numpy.dtype(dtype).name}", signature=f"{who} (allocated)")
+            collectives.scatterv(self.cart, send, counts, displs, tile.reshape(-1), root=root,
+                                 staged=backend.is_device_array(tile) and not self.cuda_aware[0])
         return tile
+
+    def _check_field(self, field, root):
+        """Root's own checks of the field it scatters (an InputError)."""
+        if not backend.is_array(field) or field.ndim < 2:
+            raise InputError(f"root {root} must pass an array with at least 2 axes, got {type(field).__name__} "
+                             f"{getattr(field, 'shape', '')}".rstrip(), TypeError if not backend.is_array(field)
+                             else ValueError)
+        if dtypes.unsupported(field.dtype):
+            raise InputError(f"root {root}'s field: {dtypes.unsupported(field.dtype)}", TypeError)
+        try:
+            self._check_extents(field.shape[-2], field.shape[-1], "scatter")
+        except ValueError as exc:
+            raise InputError(str(exc).removeprefix("ProcessGrid.scatter: ")) from None
 
     def gather(self, tile, root=0):
         """Assemble the tiles of all ranks into the whole field on ``root``.
@@ -401,7 +415,7 @@ class ProcessGrid:
         tile : array, shape ``(..., h, w)``
             This rank's tile; leading shape and dtype equal on all ranks.
         root : int
-            Grid rank that receives the field.
+            Grid rank that receives the field; the same on every rank.
 
         Returns
         -------
@@ -409,38 +423,68 @@ class ProcessGrid:
 
         Raises
         ------
-        ValueError
-            On every rank, if the tiles do not fit together as the
-            :func:`~mpisphere.partition.split_sizes` tiles of one field.
+        ValueError, TypeError, MemoryError
+            On every rank, before any data moves: ranks that name different
+            roots, tiles that do not fit together as the
+            :func:`~mpisphere.partition.split_sizes` tiles of one field, or a
+            field root cannot allocate.
         """
         self._check_alive()
-        root = self._check_root(root, "gather")
-        mine = (tuple(tile.shape), numpy.dtype(tile.dtype).str) if backend.is_array(tile) and tile.ndim >= 2 \
-            else None
-        everyone = collectives.allgather_object(self.cart, mine)
-        shape = self._fit_tiles(everyone)
-        lead, nlat, nlon = shape[:-2], shape[-2], shape[-1]
-        dtype = everyone[0][1]
-        xp = backend.array_module(tile)
-        tile = xp.ascontiguousarray(tile)
-        counts = [int(numpy.prod(s)) for s, _ in everyone]
-        displs = offsets_of(counts)
-        recv = xp.empty(sum(counts), dtype=dtype) if self.rank == root else None
-        collectives.gatherv(self.cart, tile.reshape(-1), recv, counts, displs, root=root,
-                            staged=backend.is_device_array(tile) and not self.cuda_aware[0])
+        who = "ProcessGrid.gather"
+        error = None
+        try:
+            root = self._check_root(root, "gather")
+            if not backend.is_array(tile) or tile.ndim < 2:
+                raise InputError(f"expected this rank's tile, an array with at least 2 axes, got "
+                                 f"{type(tile).__name__} {getattr(tile, 'shape', '')}".rstrip(),
+                                 ValueError if backend.is_array(tile) else TypeError)
+            if dtypes.unsupported(tile.dtype):
+                raise InputError(dtypes.unsupported(tile.dtype), TypeError)
+        except InputError as exc:
+            error = exc
+        with self._holding(who):
+            agree(self.cart, who, error, f"root={root!r}", signature=who)
+            everyone = collectives.allgather_object(self.cart, (tuple(tile.shape), numpy.dtype(tile.dtype).str))
+            shape = self._fit_tiles(everyone)
+            lead, nlat, nlon = shape[:-2], shape[-2], shape[-1]
+            dtype = everyone[0][1]
+            xp = backend.array_module(tile)
+            counts = [int(numpy.prod(s)) for s, _ in everyone]
+            displs = offsets_of(counts)
+            recv = field = None
+            try:  # allocate before the data moves: a failure on one rank raises on all
+                tile = xp.ascontiguousarray(tile)
+                if self.rank == root:
+                    recv = xp.empty(sum(counts), dtype=dtype)
+                    field = xp.empty(lead + (nlat, nlon), dtype=dtype)
+                error = None
+            except Exception as exc:  # noqa: BLE001 -- MemoryError, cupy's OutOfMemoryError
+                error = InputError.from_exception(exc, f"allocating the gathered field {shape} "
+                                                       f"{numpy.dtype(dtype).name}")
+            agree(self.cart, who, error, f"{shape} {numpy.dtype(dtype).name}", signature=f"{who} (allocated)")
+            collectives.gatherv(self.cart, tile.reshape(-1), recv, counts, displs, root=root,
+                                staged=backend.is_device_array(tile) and not self.cuda_aware[0])
         if self.rank != root:
             return None
-        field = xp.empty(lead + (nlat, nlon), dtype=dtype)
         for r in range(self.size):
             lat, lon = self.tile_slices(nlat, nlon, r)
             field[..., lat, lon] = recv[displs[r]:displs[r] + counts[r]].reshape(everyone[r][0])
         return field
 
+    @contextlib.contextmanager
+    def _holding(self, who):
+        """Hold the grid's guard for a whole-field call; a call refused on this rank is refused on all."""
+        def refusal():
+            raise_everywhere(self.cart, who, InputError(REFUSED, RuntimeError))
+        if not self.guard.enter(refusal):
+            raise RuntimeError(f"{who}: {REFUSED} on this rank; the other ranks raise too when that call ends")
+        try:
+            yield
+        finally:
+            self.guard.leave()
+
     def _fit_tiles(self, everyone):
         """Global shape from all ranks' ``(shape, dtype)``; ValueError (same on all ranks) if they do not fit."""
-        bad = [r for r, m in enumerate(everyone) if m is None]
-        if bad:
-            raise ValueError(f"ProcessGrid.gather: ranks {bad} passed no array with at least 2 axes")
         lead, dtype = everyone[0][0][:-2], everyone[0][1]
         odd = [r for r, (s, d) in enumerate(everyone) if s[:-2] != lead or d != dtype]
         if odd:
@@ -476,9 +520,13 @@ class ProcessGrid:
     # --- housekeeping ---------------------------------------------------------------
 
     def _check_root(self, root, who):
-        root = check_int(root, "root", f"ProcessGrid.{who}")
+        """``root`` as an int, or an InputError (agreed on by every rank before it raises)."""
+        try:
+            root = check_int(root, "root", f"ProcessGrid.{who}")
+        except TypeError as exc:
+            raise InputError(str(exc).removeprefix(f"ProcessGrid.{who}: "), TypeError) from None
         if not 0 <= root < self.size:
-            raise ValueError(f"ProcessGrid.{who}: root {root} out of range for {self.size} ranks")
+            raise InputError(f"root {root} out of range for {self.size} ranks")
         return root
 
     def _check_alive(self):

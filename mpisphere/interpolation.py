@@ -14,12 +14,13 @@ are refused.
 import math
 
 import numpy
-from mpi4py import MPI
 
-from . import backend
+from . import backend, dtypes
+from .agreement import agree_construction
 from .halo import HaloExchange
 from .operators import DISTRIBUTED, FORWARD, InputError, Layout, LinearOperator
-from .quadrature import latitudes
+from .partition import check_int
+from .quadrature import latitudes, rule
 
 __all__ = ["PointInterpolation"]
 
@@ -53,43 +54,50 @@ class PointInterpolation(LinearOperator):
     their bilinear spread, summed over every rank's points. Both
     distributed over ``grid.cart``; collective.
 
+    Construction is collective over ``grid.cart``: the ranks compare every
+    argument, the points by a hash of their bytes (so two different point
+    sets never pass as one, and identical sets with NaNs in them are the same).
+
     Raises
     ------
     ValueError
-        A point poleward of the outermost latitude ring, or points that
-        differ between ranks.
+        On every rank: points that differ between ranks (naming the ranks
+        and what each passed), a point that is not finite or lies poleward of
+        the outermost latitude ring, an unknown quadrature.
+    TypeError
+        ``nlat`` or ``nlon`` that is not an integer.
     """
 
     def __init__(self, grid, nlat, nlon, lats, lons, *, quadrature="equiangular"):
+        who = "PointInterpolation"
+        if not (hasattr(grid, "cart") and hasattr(grid, "local_slices")):
+            raise TypeError(f"{who}: grid must be a ProcessGrid, got {type(grid).__name__}")
+        # the points decide which rank owns what: every rank must pass the same (compared by their bytes)
+        agree_construction(self, grid.cart, who=who)
         self.grid = grid
-        self.nlat, self.nlon = int(nlat), int(nlon)
-        self.quadrature = quadrature
+        self.nlat = check_int(nlat, "nlat", who, minimum=2)
+        self.nlon = check_int(nlon, "nlon", who, minimum=1)
+        try:
+            self.quadrature = rule(quadrature).name
+        except ValueError as exc:
+            raise ValueError(f"{who}: {exc}") from None
         lats = numpy.asarray(lats, dtype=numpy.float64).reshape(-1)
         lons = numpy.asarray(lons, dtype=numpy.float64).reshape(-1)
-        self.npoints = lats.size
-        problem = None
         if lons.shape != lats.shape:
-            problem = f"lats and lons differ in length: {lats.size} and {lons.size}"
-        digest = numpy.array([lats.size, float(numpy.sum(lats * numpy.arange(1, lats.size + 1))),
-                              float(numpy.sum(lons[:lats.size] * numpy.arange(1, min(lats.size, lons.size) + 1)))])
-        low, high = numpy.empty_like(digest), numpy.empty_like(digest)
-        grid.cart.Allreduce(digest, low, op=MPI.MIN)
-        grid.cart.Allreduce(digest, high, op=MPI.MAX)
-        if problem is None and not numpy.array_equal(low, high):
-            problem = "the points differ between ranks; pass the same lats and lons on every rank"
-        theta, _ = latitudes(self.nlat, quadrature)
+            raise ValueError(f"{who}: lats and lons differ in length: {lats.size} and {lons.size}")
+        self.npoints = lats.size
+        bad = numpy.flatnonzero(~(numpy.isfinite(lats) & numpy.isfinite(lons)))
+        if bad.size:
+            raise ValueError(f"{who}: {bad.size} of {lats.size} points are not finite (first: point {bad[0]}, "
+                             f"lat {lats[bad[0]]}, lon {lons[bad[0]]})")
+        theta, _ = latitudes(self.nlat, self.quadrature)
         colat = 0.5 * math.pi - lats
-        if problem is None:
-            outside = (colat < theta[0]) | (colat > theta[-1])
-            if outside.any():
-                problem = (f"{int(outside.sum())} of {lats.size} points lie poleward of the outermost "
-                           f"latitude rings ({90 - math.degrees(theta[0]):.4f} and "
-                           f"{90 - math.degrees(theta[-1]):.4f} degrees on this {quadrature} grid); "
-                           "there is no enclosing cell to interpolate in")
-        problems = grid.cart.allgather(problem)
-        if any(problems):
-            rank = next(r for r, p in enumerate(problems) if p)
-            raise ValueError(f"PointInterpolation: rank {rank}: {problems[rank]}")
+        outside = (colat < theta[0]) | (colat > theta[-1])
+        if outside.any():
+            raise ValueError(f"{who}: {int(outside.sum())} of {lats.size} points lie poleward of the outermost "
+                             f"latitude rings ({90 - math.degrees(theta[0]):.4f} and "
+                             f"{90 - math.degrees(theta[-1]):.4f} degrees on this {self.quadrature} grid); "
+                             "there is no enclosing cell to interpolate in")
 
         i = numpy.clip(numpy.searchsorted(theta, colat, side="right") - 1, 0, self.nlat - 2)
         fy = (colat - theta[i]) / (theta[i + 1] - theta[i])
@@ -111,12 +119,9 @@ class PointInterpolation(LinearOperator):
         self.domain = self.range = Layout(DISTRIBUTED, grid.cart)
         self._comm = grid.cart
 
-    def _describe(self):
-        return f"PointInterpolation({self.nlat} x {self.nlon} {self.quadrature}, {self.npoints} points)"
-
     def _output(self, direction, spec):
-        if not numpy.issubdtype(spec.dtype, numpy.floating):
-            raise InputError(f"expected real fields, got {spec.dtype.name}", TypeError)
+        if spec.dtype.kind != "f" or dtypes.unsupported(spec.dtype):
+            raise InputError(f"expected real fields of float16, float32 or float64, got {spec.dtype.name}", TypeError)
         if direction == FORWARD:
             if spec.shape[-2:] != self.tile:
                 raise InputError(f"expected this rank's tile (..., {self.tile[0]}, {self.tile[1]}), got shape "
@@ -134,7 +139,7 @@ class PointInterpolation(LinearOperator):
         xp = backend.array_module(x)
         rows, cols, weights = (xp.asarray(a) for a in (self._rows, self._cols, self._weights))
         if direction == FORWARD:
-            padded = self.halo.forward(x)
+            padded = self.halo.forward(x)  # the halo agrees with its neighbours, in its own messages
             out[...] = xp.sum(padded[..., rows, cols] * weights.astype(x.dtype), axis=-2)
             return
         padded = xp.zeros(x.shape[:-1] + (self.tile[0] + 2, self.tile[1] + 2), dtype=x.dtype)

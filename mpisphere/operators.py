@@ -20,37 +20,36 @@ Every call of an operator that communicates runs in three steps:
 
 1. **local checks** on this rank: the input (type, dtype, shape against what
    the operator expects here) and ``out=`` (type, shape, dtype, writable,
-   not overlapping the input). Nothing is raised yet.
-2. **agreement** over the ranks that communicate: one ``Allreduce`` (MAX) of
-   four integers, an error flag, a 62-bit digest of what this rank is about
-   to do and its negation (equal maxima mean equal digests), and a flag for
-   the CUDA-aware decision. The digest covers the operator, its construction
-   parameters, the direction, the input's shape (the axes that legitimately
-   differ between ranks masked) and dtype, and the calling thread's name.
-   When anything differs, the ranks exchange their full descriptions and
-   every rank raises the same error, naming the ranks that are wrong and
-   what each has. No rank waits, and no rank returns a result computed from
-   mismatched data.
+   not overlapping the input); then the output and the scratch buffers the
+   call needs are allocated, and a failure (``MemoryError``) becomes this
+   rank's finding. Nothing is raised yet.
+2. **agreement** over the ranks that communicate (:mod:`mpisphere.agreement`):
+   one ``Allreduce`` of six integers carrying the findings and a digest of
+   what each rank is about to do: the operator's description (derived from
+   every argument it was built with), the direction, the input's shape (the
+   axes that legitimately differ masked) and dtype, and the switches in
+   force. When anything differs, every rank raises the same error, naming
+   the ranks that are wrong and what each has. A halo exchange agrees with
+   its neighbours instead, in headers that travel with its data.
 3. **the work**, on buffers everyone agreed on.
 
-A halo exchange agrees with its neighbours instead (see
-:mod:`mpisphere.halo`); a composition or a transform agrees once, over its
-whole space, for all its parts. ``mpisphere.config.debug`` compares the full
-descriptions on every call (no digest); ``mpisphere.config.agreement =
-False`` skips the step (for code proven to match; it must then be off on
-every rank).
+A composition agrees once for all its parts: over their communicator when
+they all use one (so a composition and its parts called one after the other
+meet in the same step), else over the space they share. Its local parts
+(diagonals, scalings) are part of what is compared. ``mpisphere.config.debug``
+compares the full descriptions on every call (no digest);
+``mpisphere.config.agreement = False`` skips the step (for code proven to
+match; it must then be off on every rank).
 """
 
-import collections
-import hashlib
 import math
-import threading
 
 import numpy
 from mpi4py import MPI
 
-from . import backend, collectives, cuda_aware, dtypes
-from .settings import config
+from . import backend, collectives, dtypes
+from .agreement import (REFUSED, CallGuard, Context, Described, InputError, Spec, agree, description_of,
+                        raise_everywhere)
 
 __all__ = [
     "DISTRIBUTED",
@@ -65,9 +64,6 @@ __all__ = [
     "AdjointOperator",
     "Identity",
     "Diagonal",
-    "agree",
-    "digest",
-    "call_description",
     "check_out",
     "inner",
     "dottest",
@@ -172,221 +168,6 @@ def _comm_name(comm):
     return f"{name or 'communicator'} ({size} rank{'s' if size != 1 else ''})"
 
 
-# --- specs and errors -----------------------------------------------------------------------------
-
-class Spec(collections.namedtuple("Spec", "shape dtype device")):
-    """An array without its data: ``shape`` (tuple), ``dtype`` (numpy.dtype), ``device`` (bool: CuPy)."""
-
-    __slots__ = ()
-
-    @classmethod
-    def of(cls, a, what="input"):
-        """The spec of array ``a``; an :class:`InputError` (TypeError) for anything else."""
-        if not backend.is_array(a):
-            raise InputError(f"the {what} must be a NumPy or CuPy array, got {type(a).__name__}", TypeError)
-        return cls(tuple(a.shape), numpy.dtype(a.dtype), backend.is_device_array(a))
-
-    def but(self, shape=None, dtype=None):
-        """The same spec with another shape or dtype."""
-        return Spec(self.shape if shape is None else tuple(shape),
-                    self.dtype if dtype is None else numpy.dtype(dtype), self.device)
-
-    def describe(self, masked=()):
-        """``shape (2, *, 3) float64 on host``: the axes in ``masked`` (they differ between ranks) as ``*``."""
-        masked = {a % len(self.shape) for a in masked} if self.shape else set()
-        shape = tuple("*" if i in masked else n for i, n in enumerate(self.shape))
-        return f"shape {shape} {self.dtype.name} on {'device' if self.device else 'host'}"
-
-
-class InputError(Exception):
-    """A problem with this rank's arguments, found before any communication.
-
-    Carries the exception class that the user sees (``kind``) and the text
-    (expected and got); the operator adds who and which rank.
-    """
-
-    def __init__(self, text, kind=ValueError):
-        super().__init__(text)
-        self.text = text
-        self.kind = kind
-
-
-class Context:
-    """What the ranks agreed on for one call: whether device buffers go through host memory."""
-
-    __slots__ = ("staged",)
-
-    def __init__(self, staged=False):
-        self.staged = staged
-
-    @classmethod
-    def local(cls, spec):
-        """The context of a call that needs no agreement: this rank's own verdict."""
-        return cls(config.force_staging or (spec is not None and spec.device and not cuda_aware.verdict()[0]))
-
-
-_MASK = (1 << 62) - 1
-
-
-def digest(text):
-    """A 62-bit digest of ``text`` (its negation fits an int64, so one MAX reduction compares digests)."""
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") & _MASK
-
-
-def call_description(description):
-    """``description`` with what else must match across ranks: the thread's name and the switches in force."""
-    return (f"{description}; thread {threading.current_thread().name!r}"
-            f"{'; force_staging' if config.force_staging else ''}{'; debug' if config.debug else ''}")
-
-
-def _group_id(comm, space):
-    """The space rank of ``comm``'s rank 0: the same on every member of ``comm``, different between groups."""
-    if comm is space:
-        return 0
-    return int(MPI.Group.Translate_ranks(comm.Get_group(), [0], space.Get_group())[0])
-
-
-def agree(comm, who, error, description, spec=None, signature=""):
-    """The agreement step: collective over ``comm``; raises the same error on every rank, or returns.
-
-    Parameters
-    ----------
-    comm : mpi4py.MPI.Comm
-        The ranks about to communicate.
-    who : str
-        ``"Operator.direction"``, the start of every message.
-    error : InputError or None
-        This rank's local finding.
-    description : str or list of (comm or None, str)
-        What this rank is about to do, in words that are the same on every
-        rank that does the same thing (no rank numbers, split axes masked).
-        A composition gives one part per operator with the communicator the
-        part must agree over: a part on ``comm`` itself must match on every
-        rank, a part on a sub-communicator (``grid.polar`` inside a grid)
-        only within its row or column, a part on ``None`` (a local operator)
-        nowhere.
-    spec : Spec, optional
-        The input's spec: when it lives on a device, the ranks also agree
-        on whether MPI is CUDA-aware.
-    signature : str
-        The operator and call (``"Transpose(...) forward"``), which must
-        match on every rank.
-
-    Returns
-    -------
-    Context
-        The agreed context (staging decision).
-
-    Raises
-    ------
-    InputError's kind (TypeError or ValueError)
-        On every rank, when any rank had an error or the descriptions differ.
-    """
-    size = comm.Get_size()
-    parts = [(comm, description)] if isinstance(description, str) else list(description)
-    on_comm = " | ".join(text for c, text in parts if c is comm)
-    kind = "" if spec is None else f" [{spec.dtype.name} on {'device' if spec.device else 'host'}]"
-    here = call_description(f"{signature}: {on_comm}" if on_comm else f"{signature}{kind}")
-    device = spec is not None and spec.device
-    if size == 1 or not config.agreement:
-        if error is not None:
-            raise _as_exception(who, [(comm.Get_rank(), size, error.kind.__name__, error.text)])
-        return Context.local(spec)
-    everything = digest(" | ".join(text for _, text in parts))
-    code = digest(here)
-    not_aware = 1 if device and not config.force_staging and not cuda_aware.verdict()[0] else 0
-    flags = numpy.array([0 if error is None else 1, code, -code, everything, -everything, not_aware],
-                        dtype=numpy.int64)
-    collectives.allreduce_max_ints(comm, flags)
-    context = Context(config.force_staging or (device and flags[5] > 0))
-    if flags[0] == 0 and flags[1] == -flags[2] and not config.debug:
-        if flags[3] == -flags[4]:
-            return context
-        # the parts on sub-communicators differ somewhere: they need only agree within their groups
-        if not _groups_disagree(comm, parts):
-            return context
-    everyone = collectives.allgather_object(
-        comm, (None if error is None else (error.kind.__name__, error.text), here,
-               [(None if c is None else (c.Get_name() or "a sub-communicator", _group_id(c, comm)), text)
-                for c, text in parts if c is not comm]))
-    errors = [(r, size, e[0], e[1]) for r, (e, _, _) in enumerate(everyone) if e is not None]
-    if errors:
-        raise _as_exception(who, errors)
-    problems = _differences([d for _, d, _ in everyone])
-    if not problems:  # the ranks agree here: find the groups of a sub-communicator that do not
-        for index in range(len(everyone[0][2])):
-            group_of = {}
-            for r, (_, _, subparts) in enumerate(everyone):
-                where, text = subparts[index]
-                if where is not None:
-                    group_of.setdefault(where, {})[r] = text
-            for (name, _), members in group_of.items():
-                found = _differences([members[r] for r in sorted(members)], sorted(members))
-                if found:
-                    problems = f"within {name} " + found
-                    break
-            if problems:
-                break
-    if not problems:  # debug mode compared everything and found it equal
-        return context
-    raise ValueError(f"{who}: the {size} ranks disagree on what they are about to do: {problems}")
-
-
-def _groups_disagree(comm, parts):
-    """Check each sub-communicator part within its groups; the same answer on every rank of ``comm``."""
-    bad = 0
-    for c, text in parts:
-        if c is None or c is comm:
-            continue
-        code = digest(text)
-        pair = numpy.array([code, -code], dtype=numpy.int64)
-        collectives.allreduce_max_ints(c, pair)
-        bad |= int(pair[0] != -pair[1])
-    flag = numpy.array([bad], dtype=numpy.int64)
-    collectives.allreduce_max_ints(comm, flag)
-    return bool(flag[0])
-
-
-def _differences(texts, ranks=None):
-    """A message naming who has what, when ``texts`` (one per rank) are not all equal; ``""`` otherwise."""
-    ranks = list(range(len(texts))) if ranks is None else ranks
-    groups = {}
-    for r, text in zip(ranks, texts):
-        groups.setdefault(text, []).append(r)
-    if len(groups) < 2:
-        return ""
-    ordered = sorted(groups.items(), key=lambda item: (-len(item[1]), item[1][0]))
-    parts = [f"{_ranks(rs)} {'has' if len(rs) == 1 else 'have'}: {d}" for d, rs in ordered[:4]]
-    return " | ".join(parts) + (f" | and {len(ordered) - 4} more variants" if len(ordered) > 4 else "")
-
-
-def _ranks(ranks):
-    if len(ranks) == 1:
-        return f"rank {ranks[0]}"
-    if ranks == list(range(ranks[0], ranks[-1] + 1)) and len(ranks) > 2:
-        return f"ranks {ranks[0]}-{ranks[-1]}"
-    return "ranks " + ", ".join(map(str, ranks[:8])) + (", ..." if len(ranks) > 8 else "")
-
-
-def _as_exception(who, errors):
-    """One exception from ``(rank, size, kind name, text)`` findings (the same on every rank).
-
-    Ranks with the same finding are named together (``ranks 0-5 of 6: ...``);
-    the first four different findings are quoted.
-    """
-    kinds = {kind for _, _, kind, _ in errors}
-    cls = TypeError if kinds == {"TypeError"} else (RuntimeError if kinds == {"RuntimeError"} else ValueError)
-    size = errors[0][1]
-    groups = {}
-    for r, _, _, text in errors:
-        groups.setdefault(text, []).append(r)
-    items = list(groups.items())
-    shown = " | ".join(f"{_ranks(ranks)} of {size}: {text}" for text, ranks in items[:4])
-    rest = sum(len(ranks) for _, ranks in items[4:])
-    more = f" | and {rest} more rank{'s' if rest > 1 else ''}" if rest else ""
-    return cls(f"{who}: {shown}{more}")
-
-
 def check_out(out, spec, x):
     """Raise :class:`InputError` unless ``out`` can receive a result of ``spec`` computed from ``x``."""
     if not backend.is_array(out):
@@ -406,7 +187,7 @@ def check_out(out, spec, x):
 
 # --- operators --------------------------------------------------------------------------------------
 
-class LinearOperator:
+class LinearOperator(Described):
     """Base class of every mpisphere operator.
 
     A subclass sets :attr:`domain` and :attr:`range` (:class:`Layout`) in
@@ -422,6 +203,11 @@ class LinearOperator:
       operators, which get the local checks, ``out=`` handling and the
       agreement step from this class. ``_comm`` names the communicator to
       agree on (``None``: the operator does not communicate).
+
+    What the ranks compare about the operator itself is derived from every
+    argument its constructor was called with (:class:`~mpisphere.agreement.Described`);
+    a subclass lists the arguments that legitimately differ between ranks
+    in ``_per_rank``.
 
     Attributes
     ----------
@@ -516,8 +302,8 @@ class LinearOperator:
         raise NotImplementedError
 
     def _describe(self):
-        """What identifies this operator across ranks (construction parameters, no rank numbers)."""
-        return self.name
+        """What identifies this operator across ranks: every constructor argument (see ``Described``)."""
+        return description_of(self)
 
     def _forward(self, x, out):
         raise TypeError(f"{self.name} implements neither _forward/_adjoint nor _output/_run: subclasses of "
@@ -527,19 +313,36 @@ class LinearOperator:
         raise TypeError(f"{self.name} defines no _adjoint(y, out): an operator without its adjoint cannot be a "
                         "LinearOperator")
 
-    def _guard_lock(self):
-        comm = self._comm
-        lock = getattr(comm, "lock", None) if comm is not None else None
-        if lock is None:
-            lock = self.__dict__.setdefault("_own_lock", threading.RLock())
-        return lock
+    def _guard(self):
+        """The :class:`~mpisphere.agreement.CallGuard` of the grid this operator communicates on (or its own)."""
+        guard = getattr(self._comm, "guard", None) if self._comm is not None else None
+        if guard is None:
+            guard = self.__dict__.setdefault("_own_guard", CallGuard())
+        return guard
 
-    def _apply(self, direction, x, out, label=None, runner=None):
-        """Check, agree, run: the three steps of every call (see the module docstring).
+    def _reserve(self, direction, x, out):
+        """Allocate the scratch buffers a call will use (before the agreement, so a failure is agreed on)."""
+
+    def _agreement(self, comm, who, error, description, spec, signature):
+        """The agreement strategy: over ``comm`` (one Allreduce), raising everywhere or returning the context."""
+        if comm is None:
+            if error is not None:
+                raise error.kind(f"{who}: {error.text}")
+            return Context.local(spec)
+        return agree(comm, who, error, description, spec, signature)
+
+    def _refuse(self, comm, who, description, spec, signature):
+        """What a call refused on this rank (another thread held the grid) tells the other ranks."""
+        if comm is not None:
+            raise_everywhere(comm, who, InputError(REFUSED, RuntimeError))
+
+    def _apply(self, direction, x, out, label=None, runner=None, in_place=False):
+        """Check, allocate, agree, run: the steps of every call (see the module docstring).
 
         ``label`` names the call in messages and in the agreement when it is
-        not the plain direction (``start_forward``); ``runner`` does the work
-        instead of :meth:`_run`.
+        not the plain direction (``start_forward``, ``update``); ``runner``
+        does the work instead of :meth:`_run`; ``in_place`` calls write into
+        ``x`` and return it.
         """
         self._layouts()
         if self._simple():
@@ -553,30 +356,33 @@ class LinearOperator:
         error, spec, result, description = None, None, None, "(input not understood)"
         try:
             spec = Spec.of(x)
-            result, description = self._output(direction, spec)
-            if out is not None:
+            result, description = self._output(label if in_place else direction, spec)
+            if in_place:
+                if not backend.is_writeable(x):
+                    raise InputError(f"the array is read-only; {label} writes into it")
+            elif out is not None:
                 check_out(out, result, x)
         except InputError as exc:
             error = exc
-        lock = self._guard_lock()
-        if not lock.acquire(blocking=False):
-            raise RuntimeError(
-                f"{who}: another thread is running an mpisphere operation on the same grid (or operator) now; "
-                "MPI matches one communicator's collectives in call order, so two threads on one grid mix their "
-                "messages. Give each thread its own grid: grid.dup()")
+        if error is None:  # allocate before agreeing: a failure here is this rank's finding, seen by every rank
+            try:
+                if in_place:
+                    out = x
+                elif out is None:
+                    out = _allocate(result, x)
+                self._reserve(label if in_place else direction, x, out)
+            except Exception as exc:  # noqa: BLE001 -- MemoryError, cupy's OutOfMemoryError, ...
+                error = InputError.from_exception(exc, f"allocating the buffers of this call ({result.describe()})")
+        signature = f"{self._describe()} {label}"
+        guard = self._guard()
+        if not guard.enter(lambda: self._refuse(comm, who, description, spec, signature)):
+            raise RuntimeError(f"{who}: {REFUSED} on this rank; the other ranks raise too when that call ends")
         try:
-            if comm is None:
-                if error is not None:
-                    raise error.kind(f"{who}: {error.text}")
-                context = Context.local(spec)
-            else:
-                context = agree(comm, who, error, description, spec, f"{self._describe()} {label}")
-            if out is None:
-                out = _allocate(result, x)
-            (runner or self._run)(direction, x, out, context)
+            context = self._agreement(comm, who, error, description, spec, signature)
+            (runner or self._run)(label if in_place else direction, x, out, context)
             return out
         finally:
-            lock.release()
+            guard.leave()
 
     def _run(self, direction, x, out, context):
         """Do the work into ``out`` (already checked and agreed). Default: the simple protocol."""
@@ -596,19 +402,35 @@ def _is_real_scalar(value):
         and math.isfinite(float(value))
 
 
-def _space_of(ops):
-    """The communicator a group of operators agrees on: the space of those that communicate, or None."""
-    for op in ops:
-        if getattr(op, "_comm", None) is not None:
-            return op.domain.space
-    return None
+def _agreement_comm(ops):
+    """The communicator a group of operators agrees on, or None when none of them communicates.
+
+    Their common communicator when every part that communicates uses the
+    same one (a composition then meets its parts, called one after the other
+    on another rank, in the same agreement); otherwise the space they share.
+    """
+    comms = [op._comm for op in ops if getattr(op, "_comm", None) is not None]
+    if not comms:
+        return None
+    first = comms[0]
+    if all(c is first or (c != MPI.COMM_NULL and first != MPI.COMM_NULL and
+                          MPI.Comm.Compare(c, first) == MPI.IDENT) for c in comms[1:]):
+        return first
+    return next(op for op in ops if getattr(op, "_comm", None) is not None).domain.space
 
 
-def _parts(op, direction, text):
-    """An operator's agreement parts: a list of (communicator, description) (see :func:`agree`)."""
-    if isinstance(text, str):
-        return [(op._comm, f"{op._describe()} {direction}: {text}")]
-    return list(text)
+def _parts(op, direction, text, comm):
+    """An operator's agreement parts: a list of (communicator, description) (see :func:`agree`).
+
+    A part that does not communicate (a diagonal, a scaling) still has its
+    own description compared over ``comm``, the communicator of the
+    composition: its parameters decide the result as much as a transform's.
+    """
+    if not isinstance(text, str):
+        return list(text)
+    if op._comm is None:
+        return [(comm, f"{op._describe()} {direction}"), (None, text)]
+    return [(op._comm, f"{op._describe()} {direction}: {text}")]
 
 
 class AdjointOperator(LinearOperator):
@@ -641,20 +463,26 @@ class AdjointOperator(LinearOperator):
         return self.op.forward(y, out)
 
     def _output(self, direction, spec):
-        return self.op._output(self._flip[direction], spec)
-
-    def _describe(self):
-        return f"({self.op._describe()}).H"
+        return self.op._output(self._flip.get(direction, direction), spec)
 
     def _run(self, direction, x, out, context):
-        self.op._run(self._flip[direction], x, out, context)
+        self.op._run(self._flip.get(direction, direction), x, out, context)
+
+    def _reserve(self, direction, x, out):
+        self.op._reserve(self._flip.get(direction, direction), x, out)
+
+    def _agreement(self, comm, who, error, description, spec, signature):
+        return self.op._agreement(comm, who, error, description, spec, signature)
+
+    def _refuse(self, comm, who, description, spec, signature):
+        self.op._refuse(comm, who, description, spec, signature)
 
     def _shapes(self, lead):
         domain, range_ = self.op._shapes(lead)
         return range_, domain
 
-    def _guard_lock(self):
-        return self.op._guard_lock()
+    def _guard(self):
+        return self.op._guard()
 
     @property
     def H(self):
@@ -667,11 +495,11 @@ class _Combination(LinearOperator):
     def _simple(self):
         return any(op._simple() for op in self.ops)
 
-    def _guard_lock(self):
+    def _guard(self):
         for op in self.ops:
             if op._comm is not None:
-                return op._guard_lock()
-        return LinearOperator._guard_lock(self)
+                return op._guard()
+        return LinearOperator._guard(self)
 
 
 class _Composition(_Combination):
@@ -693,7 +521,7 @@ class _Composition(_Combination):
                 raise ValueError(f"{op.name} cannot take part in a composition: {op.needs_own_agreement}")
         self.domain = self.ops[-1].domain
         self.range = self.ops[0].range
-        self._comm = _space_of(self.ops)
+        self._comm = _agreement_comm(self.ops)
         self._scratch = backend.Workspace()
 
     @property
@@ -721,22 +549,31 @@ class _Composition(_Combination):
                 spec, text = op._output(direction, spec)
             except InputError as exc:
                 raise InputError(f"at {op.name}.{direction}: {exc.text}", exc.kind) from None
-            parts += _parts(op, direction, text)
+            parts += _parts(op, direction, text, self._comm)
         return spec, parts
 
     def _describe(self):
         return " @ ".join(op._describe() for op in self.ops)
 
-    def _run(self, direction, x, out, context):
+    def _steps(self, direction, x):
+        """The intermediate buffers of a call, one per part but the last (from the composition's workspace)."""
+        buffers, spec = [], Spec.of(x)
         ops = list(self._sequence(direction))
+        for i, op in enumerate(ops[:-1]):
+            spec, _ = op._output(direction, spec)
+            buffers.append(self._scratch.scratch(f"step{i}", x, math.prod(spec.shape), spec.dtype)
+                           .reshape(spec.shape))
+        return ops, buffers
+
+    def _reserve(self, direction, x, out):
+        ops, buffers = self._steps(direction, x)
         for i, op in enumerate(ops):
-            if i == len(ops) - 1:
-                op._run(direction, x, out, context)
-                return
-            result, _ = op._output(direction, Spec.of(x))
-            buf = self._scratch.scratch(f"step{i}", x, math.prod(result.shape), result.dtype).reshape(result.shape)
-            op._run(direction, x, buf, context)
-            x = buf
+            op._reserve(direction, x if i == 0 else buffers[i - 1], out if i == len(ops) - 1 else buffers[i])
+
+    def _run(self, direction, x, out, context):
+        ops, buffers = self._steps(direction, x)
+        for i, op in enumerate(ops):
+            op._run(direction, x if i == 0 else buffers[i - 1], out if i == len(ops) - 1 else buffers[i], context)
 
     def _shapes(self, lead):
         return self.ops[-1]._shapes(lead)[0], self.ops[0]._shapes(lead)[1]
@@ -763,7 +600,7 @@ class _Sum(_Combination):
         self.ops = (a, b)
         self.sign = sign
         self.domain, self.range = a.domain, a.range
-        self._comm = _space_of(self.ops)
+        self._comm = _agreement_comm(self.ops)
         self._scratch = backend.Workspace()
 
     @property
@@ -793,15 +630,23 @@ class _Sum(_Combination):
         if first.shape != second.shape or first.dtype != second.dtype:
             raise InputError(f"{self.ops[0].name} gives {first.describe()} but {self.ops[1].name} gives "
                              f"{second.describe()}; they cannot be added")
-        return first, _parts(self.ops[0], direction, d1) + _parts(self.ops[1], direction, d2)
+        return first, _parts(self.ops[0], direction, d1, self._comm) + _parts(self.ops[1], direction, d2, self._comm)
 
     def _describe(self):
         return f"({self.ops[0]._describe()}) {'+' if self.sign > 0 else '-'} ({self.ops[1]._describe()})"
 
+    def _second(self, direction, x):
+        result, _ = self.ops[1]._output(direction, Spec.of(x))
+        return self._scratch.scratch("second", x, math.prod(result.shape), result.dtype).reshape(result.shape)
+
+    def _reserve(self, direction, x, out):
+        second = self._second(direction, x)
+        self.ops[0]._reserve(direction, x, out)
+        self.ops[1]._reserve(direction, x, second)
+
     def _run(self, direction, x, out, context):
         self.ops[0]._run(direction, x, out, context)
-        result, _ = self.ops[1]._output(direction, Spec.of(x))
-        second = self._scratch.scratch("second", x, math.prod(result.shape), result.dtype).reshape(result.shape)
+        second = self._second(direction, x)
         self.ops[1]._run(direction, x, second, context)
         if self.sign > 0:
             out += second
@@ -845,6 +690,9 @@ class _Scaled(_Combination):
 
     def _output(self, direction, spec):
         return self.ops[0]._output(direction, spec)
+
+    def _reserve(self, direction, x, out):
+        self.ops[0]._reserve(direction, x, out)
 
     def _run(self, direction, x, out, context):
         self.ops[0]._run(direction, x, out, context)
@@ -905,6 +753,8 @@ class Diagonal(LinearOperator):
     communication. Typical uses: quadrature weights on a tile, error
     variances on a coefficient block, the inverse of a diagonal ``B``.
     """
+
+    _per_rank = ("weights",)  # each rank's own block of weights
 
     def __init__(self, weights, layout):
         if not backend.is_array(weights):
@@ -1032,6 +882,15 @@ def dottest(op, x=None, y=None, rtol=1e-13, *, lead=(), dtype=numpy.float64, see
         the bound and the ratio.
     """
     space = op.domain.space
+    who = f"dottest({op.name})"
+    if space.Get_size() > 1:  # one verdict for every rank: the ranks check the same thing, to the same tolerance
+        error = None
+        if not (isinstance(rtol, (int, float, numpy.integer, numpy.floating)) and not isinstance(rtol, bool)):
+            error = InputError(f"rtol must be a real number, got {rtol!r}", TypeError)
+        how = (f"rtol={rtol!r}, lead={tuple(lead)!r}, dtype={numpy.dtype(dtype).name}, seed={seed!r}, "
+               f"x {'given' if x is not None else 'drawn'}, y {'given' if y is not None else 'drawn'}")
+        # the operator itself agrees in its own calls (copies on sub-communicators may differ between groups)
+        agree(space, who, error, how, signature=who)
     rng = numpy.random.default_rng([seed, space.Get_rank(), space.Get_size()])
     if x is None:
         x = _random_point(rng, op.domain_shape(lead), dtype, op.domain, seed)
@@ -1039,9 +898,11 @@ def dottest(op, x=None, y=None, rtol=1e-13, *, lead=(), dtype=numpy.float64, see
     if y is None:
         y = backend.array_module(ax).asarray(_random_point(rng, ax.shape, ax.dtype, op.range, seed + 1))
     aty = op.adjoint(y)
-    who = f"dottest({op.name})"
     lhs, lhs_bound = _global_sums(ax, y, op.range, who)
     rhs, rhs_bound = _global_sums(x, aty, op.domain, who)
+    if space.Get_size() > 1:  # an Allreduce may round differently on different ranks: rank 0's figures for all
+        lhs, rhs, lhs_bound, rhs_bound = (float(v) for v in collectives.bcast_floats(
+            space, numpy.array([lhs, rhs, lhs_bound, rhs_bound], dtype=numpy.float64)))
     bound = lhs_bound + rhs_bound
     error = abs(lhs - rhs) / bound if bound > 0 else 0.0
     if not error <= rtol:

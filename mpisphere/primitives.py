@@ -99,9 +99,6 @@ class _CommunicatorOperator(LinearOperator):
                              f"{self.size}; every rank needs at least one entry")
         return extent
 
-    def _comm_label(self):
-        return self.comm.Get_name() or f"a communicator of {self.size}"
-
 
 class _SplitAxisOperator(_CommunicatorOperator):
     """Operators that split one axis of extent ``extent`` over the communicator.
@@ -120,9 +117,6 @@ class _SplitAxisOperator(_CommunicatorOperator):
         self.extent = self._extent(extent)
         self.sizes = split_sizes(self.extent, self.size)
         self.offsets = offsets_of(self.sizes)
-
-    def _describe(self):
-        return f"{self.name}({self._comm_label()}, axis={self.axis}, extent={self.extent})"
 
     def _takes_whole(self, direction):
         return self._forward_whole == (direction == FORWARD)
@@ -144,6 +138,11 @@ class _SplitAxisOperator(_CommunicatorOperator):
     def _run(self, direction, x, out, context):
         getattr(self, self._moves[direction])(x, self.axis % x.ndim, out, context)
 
+    def _reserve(self, direction, x, out):
+        move = self._moves[direction]
+        if self.size > 1 and move != "_keep_chunk":
+            getattr(self, move + "_buffers")(x, self.axis % x.ndim, out)
+
     def _shapes(self, lead):
         axis = self.axis % len(lead)
         whole, chunk = list(lead), list(lead)
@@ -162,6 +161,12 @@ class _SplitAxisOperator(_CommunicatorOperator):
         """Copy this rank's chunk of ``x`` (whole along ``axis``)."""
         out[...] = x[_along(axis, slice(self.offsets[self.rank], self.offsets[self.rank] + self.sizes[self.rank]))]
 
+    def _allgather_buffers(self, x, axis, out):
+        """``(send, recv)``: the caller's arrays where MPI can use them, else scratch buffers."""
+        send = x if _is_c_contiguous(x) else self._workspace.scratch("send", x, x.size)
+        direct = _is_c_contiguous(out) and math.prod(out.shape[:axis]) == 1
+        return send, (out if direct else self._workspace.scratch("recv", x, out.size))
+
     def _allgather(self, x, axis, out, context):
         """Allgatherv of the chunks along ``axis`` into the whole array."""
         if self.size == 1:
@@ -171,11 +176,10 @@ class _SplitAxisOperator(_CommunicatorOperator):
         unit = math.prod(shape) // self.extent
         counts = [unit * n for n in self.sizes]
         displs = [unit * o for o in self.offsets]
-        send = x if _is_c_contiguous(x) else self._workspace.scratch("send", x, x.size)
+        send, recv = self._allgather_buffers(x, axis, out)
         if send is not x:
             send.reshape(x.shape)[...] = x
-        direct = _is_c_contiguous(out) and math.prod(shape[:axis]) == 1
-        recv = out if direct else self._workspace.scratch("recv", x, out.size)
+        direct = recv is out
         collectives.allgatherv(self.comm, send.reshape(-1), recv.reshape(-1), counts, displs,
                                staged=context.staged, workspace=self._workspace)
         if not direct:
@@ -184,25 +188,29 @@ class _SplitAxisOperator(_CommunicatorOperator):
                 block = flat[displs[q]:displs[q] + counts[q]].reshape(self._chunk_shape(shape, axis, q))
                 out[_along(axis, slice(self.offsets[q], self.offsets[q] + self.sizes[q]))] = block
 
+    def _reduce_scatter_buffers(self, x, axis, out):
+        """``(send, recv)`` of a Reduce_scatter in the reduction dtype: the caller's arrays where possible."""
+        work = dtypes.reduction_dtype(x.dtype)
+        direct_send = x.dtype == work and _is_c_contiguous(x) and math.prod(x.shape[:axis]) == 1
+        send = x if direct_send else self._workspace.scratch("send", x, x.size, work)
+        direct = out.dtype == work and _is_c_contiguous(out)
+        return send, (out if direct else self._workspace.scratch("recv", x, out.size, work))
+
     def _reduce_scatter(self, x, axis, out, context):
         """Sum ``x`` (whole along ``axis``) over the ranks, keep this rank's chunk."""
         if self.size == 1:
             out[...] = x
             return
         shape = out.shape
-        work = dtypes.reduction_dtype(x.dtype)
         unit = x.size // self.extent
         counts = [unit * n for n in self.sizes]
-        if x.dtype == work and _is_c_contiguous(x) and math.prod(x.shape[:axis]) == 1:
-            send = x
-        else:
-            send = self._workspace.scratch("send", x, x.size, work)
+        send, recv = self._reduce_scatter_buffers(x, axis, out)
+        if send is not x:
             displs = [unit * o for o in self.offsets]
             for q in range(self.size):
                 sl = _along(axis, slice(self.offsets[q], self.offsets[q] + self.sizes[q]))
                 send[displs[q]:displs[q] + counts[q]].reshape(self._chunk_shape(x.shape, axis, q))[...] = x[sl]
-        direct = out.dtype == work and _is_c_contiguous(out)
-        recv = out if direct else self._workspace.scratch("recv", x, out.size, work)
+        direct = recv is out
         collectives.reduce_scatter(self.comm, send.reshape(-1), recv.reshape(-1), counts,
                                    staged=context.staged, workspace=self._workspace)
         if not direct:
@@ -214,9 +222,6 @@ class _SumOverRanks(_CommunicatorOperator):
 
     _sums = None
 
-    def _describe(self):
-        return f"{self.name}({self._comm_label()})"
-
     def _output(self, direction, spec):
         _check_dtype(spec)
         return spec, spec.describe()
@@ -224,18 +229,25 @@ class _SumOverRanks(_CommunicatorOperator):
     def _shapes(self, lead):
         return lead, lead
 
+    def _buffers(self, x, out):
+        """``(send, recv)`` of the Allreduce in the reduction dtype: the caller's arrays where possible."""
+        work = dtypes.reduction_dtype(x.dtype)
+        send = x if x.dtype == work and _is_c_contiguous(x) else self._workspace.scratch("send", x, x.size, work)
+        direct = out.dtype == work and _is_c_contiguous(out)
+        return send, (out if direct else self._workspace.scratch("recv", x, x.size, work))
+
+    def _reserve(self, direction, x, out):
+        if direction == self._sums and self.size > 1:
+            self._buffers(x, out)
+
     def _run(self, direction, x, out, context):
         if direction != self._sums or self.size == 1:
             out[...] = x
             return
-        work = dtypes.reduction_dtype(x.dtype)
-        if x.dtype == work and _is_c_contiguous(x):
-            send = x
-        else:
-            send = self._workspace.scratch("send", x, x.size, work)
+        send, recv = self._buffers(x, out)
+        if send is not x:
             send.reshape(x.shape)[...] = x
-        direct = out.dtype == work and _is_c_contiguous(out)
-        recv = out if direct else self._workspace.scratch("recv", x, x.size, work)
+        direct = recv is out
         collectives.allreduce(self.comm, send.reshape(-1), recv.reshape(-1), staged=context.staged,
                               workspace=self._workspace)
         if not direct:
@@ -441,7 +453,7 @@ class Exchange:
     def wait(self):
         """Complete the exchange and return the result."""
         if not self.done:
-            self._request.Wait()
+            collectives.wait(self._request)
             self._finish()
             self._plan.release(self._buffers)
             self.done = True
@@ -452,7 +464,7 @@ class Exchange:
         """True when the exchange has completed (then :meth:`wait` returns at once)."""
         if self.done:
             return True
-        if self._request.Test():
+        if collectives.test(self._request):
             self.wait()
             return True
         return False
@@ -513,9 +525,6 @@ class Transpose(_CommunicatorOperator):
         self._plans = {}
         self._dropped = []
 
-    def _describe(self):
-        return f"Transpose({self._comm_label()}, axes={self.axes}, extents={self.extents})"
-
     @property
     def is_identity(self):
         """True on a one-rank communicator: the map is then the identity (a copy)."""
@@ -565,6 +574,11 @@ class Transpose(_CommunicatorOperator):
             plan = self._plans[key] = _TransposePlan(self, tuple(x.shape), numpy.dtype(x.dtype),
                                                      split_axis % x.ndim, gather_axis % x.ndim, n_split, n_gather)
         return plan
+
+    def _reserve(self, direction, x, out):
+        if self.size > 1 and not backend.is_device_array(x):  # (device sets differ when staged: made in the call)
+            plan = self._plan(direction, x)
+            plan.release(plan.acquire(x, host_only=False))  # into the pool, where the call takes it from
 
     def _run(self, direction, x, out, context):
         if self.size == 1:

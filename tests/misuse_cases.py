@@ -6,21 +6,29 @@ Every case makes one mistake on one rank (rank 1 unless said otherwise) and
 records, per rank, whether the call raised (type and message) or returned.
 Each rank appends one JSON line per case to ``DIR/rank<r>.jsonl``; a watchdog
 ends a rank stuck in a case (a hang), which the outer test reports as a
-failure naming the case. The cases are the rows of issue 11's table.
+failure naming the case. The cases are the rows of issue 11's table, then
+issue 24's classes (mistakes around the operators: halos, parameters of
+models and spectral operators, whole-field collectives, compositions against
+their parts, threads, failed allocations, verdicts), and legal programs
+that must run.
 """
 
 import argparse
 import faulthandler
 import json
+import resource
 import sys
 import threading
 
 import numpy
 from mpi4py import MPI
 
-from mpisphere import (CopyTo, DistributedRealSHT, GatherFrom, GatherFromCopyTo, HaloExchange, LinearOperator,
-                       ProcessGrid, ReduceFrom, Transpose, config, split_sizes)
+from mpisphere import (CopyTo, DistributedInverseRealVectorSHT, DistributedRealSHT, GatherFrom, GatherFromCopyTo,
+                       HaloExchange, LinearOperator, PointInterpolation, ProcessGrid, ReduceFrom, ScatterTo, Transpose,
+                       config, dottest, split_sizes)
+from mpisphere.examples import ShallowWaterSolver
 from mpisphere.operators import DISTRIBUTED, Layout
+from mpisphere.sht import calculus
 
 NLAT, NLON = 13, 10
 
@@ -138,6 +146,117 @@ def debug_on_one_rank(comm, grid, me):
         GatherFrom(comm, -1, 3 * comm.Get_size()).forward(numpy.zeros((2, 3)))
 
 
+# --- issue 24: mistakes around the operators -----------------------------------------------------------------
+
+def _polar_grid(comm):
+    """A grid whose polar axis holds every rank (the halo rows and the polar communicator reach them all)."""
+    return ProcessGrid(comm, comm.Get_size(), 1)
+
+
+def halo_rows_zero_on_one_rank(comm, grid, me):
+    """Class 1: rank 1 builds the exchange without rows; its neighbours would wait for its rows."""
+    with _polar_grid(comm) as g:
+        h, w = g.local_shape(NLAT, NLON)
+        HaloExchange(g, 0 if me == 1 else 1, 1).forward(numpy.zeros((2, h, w)))
+
+
+def halo_cols_zero_in_the_call(comm, grid, me):
+    """Class 1: both exchanges built everywhere; rank 1 calls the one without columns."""
+    h, w = grid.local_shape(NLAT, NLON)
+    with_cols, without = HaloExchange(grid, 1, 1), HaloExchange(grid, 1, 0)
+    (without if me == 1 else with_cols).forward(numpy.zeros((2, h, w)))
+
+
+def halo_poles_across_on_one_rank(comm, grid, me):
+    """Class 1: poles='across' on rank 1, zeros past the poles elsewhere."""
+    with _polar_grid(comm) as g:
+        h, w = g.local_shape(NLAT, 12)
+        across = dict(poles="across", quadrature="legendre-gauss") if me == 1 else {}
+        HaloExchange(g, 1, 1, extents=(NLAT, 12), **across).forward(numpy.zeros((2, h, w)))
+
+
+def halo_update_against_accumulate(comm, grid, me):
+    """Class 1: rank 1 accumulates while the others update: the phases run in opposite orders."""
+    h, w = grid.local_shape(NLAT, NLON)
+    op = HaloExchange(grid, 1, 1)
+    padded = numpy.zeros((2, h + 2, w + 2))
+    (op.accumulate if me == 1 else op.update)(padded)
+
+
+def laplacian_radius(comm, grid, me):
+    """Class 2: the Laplacian of a composition built with another radius on rank 1."""
+    sht = DistributedRealSHT(grid, NLAT, NLON)
+    op = calculus.laplacian(sht, 2.0 if me == 1 else 1.0) @ sht
+    op.forward(numpy.ones((1,) + sht.tile_shape))
+
+
+def gradient_radius(comm, grid, me):
+    ivsht = DistributedInverseRealVectorSHT(grid, NLAT, NLON)
+    calculus.gradient(ivsht, 6.37e6 if me == 1 else 1.0)
+
+
+def hyperdiffusion_dt(comm, grid, me):
+    sht = DistributedRealSHT(grid, NLAT, NLON)
+    calculus.hyperdiffusion(sht, 900.0 if me == 1 else 600.0)
+
+
+def solver_dt(comm, grid, me):
+    """Class 2: a model built with another time step on rank 1."""
+    ShallowWaterSolver(grid, 12, 24, dt=900.0 if me == 1 else 600.0, quadrature="legendre-gauss")
+
+
+def scatter_root(comm, grid, me):
+    """Class 3: rank 1 scatters from root 1, the others from root 0; then a correct scatter must be correct."""
+    field = numpy.arange(NLAT * NLON, dtype=float).reshape(NLAT, NLON)
+    try:
+        grid.scatter(field, root=1 if me == 1 else 0)
+    finally:
+        tile = grid.scatter(field + 1000, root=0)
+        lat, lon = grid.local_slices(NLAT, NLON)
+        assert numpy.array_equal(tile, field[lat, lon] + 1000), "the next scatter handed out another field's tile"
+
+
+def gather_root(comm, grid, me):
+    h, w = grid.local_shape(NLAT, NLON)
+    grid.gather(numpy.zeros((2, h, w)), root=1 if me == 1 else 0)
+
+
+def integrate_grid_batch(comm, grid, me):
+    """Class 3: the model's integral over batches of 3 fields on rank 1 and 2 elsewhere."""
+    solver = ShallowWaterSolver(grid, 12, 24, dt=600.0, quadrature="legendre-gauss")
+    h, w = grid.local_shape(12, 24)
+    solver.integrate_grid(numpy.ones((3 if me == 1 else 2, h, w)))
+
+
+def interpolation_same_weighted_sum(comm, grid, me):
+    """Class 3: two different point sets whose old weighted-sum digest is equal (0.1 + 2 0.2 + 3 0.3 = 1.4)."""
+    lats = [0.3, 0.1, 0.3] if me == 1 else [0.1, 0.2, 0.3]
+    PointInterpolation(grid, NLAT, NLON, lats, [1.0, 1.0, 1.0])
+
+
+def interpolation_nan_point(comm, grid, me):
+    """Class 3: identical point sets with a NaN in them: the same set, refused for its NaN on every rank."""
+    PointInterpolation(grid, NLAT, NLON, [0.1, float("nan")], [1.0, 1.0])
+
+
+def interpolation_last_rank(comm, grid, me):
+    """Class 3: the last rank's points differ; the message names it, not rank 0."""
+    last = comm.Get_size() - 1
+    PointInterpolation(grid, NLAT, NLON, [0.1, 0.2 + (me == last)], [1.0, 1.0])
+
+
+def composition_against_parts(comm, grid, me):
+    """Class 4: on the polar communicator, the composition on rank 1, its two parts one after the other elsewhere."""
+    with _polar_grid(comm) as g:
+        n = 2 * comm.Get_size()
+        scatter, gather = ScatterTo(g.polar, -1, n), GatherFrom(g.polar, -1, n)
+        x = numpy.ones((2, n))
+        if me == 1:
+            (gather @ scatter).forward(x)
+        else:
+            gather.forward(scatter.forward(x))
+
+
 class _Blocking(LinearOperator):
     """An operator on a grid whose run waits for an event: it holds the grid while another thread tries."""
 
@@ -175,10 +294,106 @@ def two_threads_on_one_grid(comm, grid, me):
         assert (results["first"] == 7.0).all()
 
 
+def threads_taking_turns(comm, grid, me):
+    """Class 5: rank 0's call is refused (its worker holds the grid); the other ranks make it and must raise too."""
+    started, release = threading.Event(), threading.Event()
+    if me != 0:
+        release.set()  # elsewhere the worker's call ends at once and the main thread's call is not refused
+    holder = _Blocking(grid, started, release)
+    worker = threading.Thread(target=lambda: holder.forward(numpy.ones(3)), name=f"worker-{me}")
+    worker.start()
+    started.wait(30)
+    if me != 0:
+        worker.join(30)
+    try:
+        ReduceFrom(grid.cart).forward(numpy.ones(3))
+    finally:
+        release.set()
+        worker.join(30)
+
+
+def run_in_worker_threads_named_differently(comm, grid, me):
+    """Class 5, legal: the model in a worker thread on every rank, one rank having started a helper thread first."""
+    if me == 1:
+        helper = threading.Thread(target=lambda: None)
+        helper.start()
+        helper.join()
+    failure = []
+
+    def work():
+        try:
+            ReduceFrom(grid.cart).forward(numpy.ones(3))
+            DistributedRealSHT(grid, NLAT, NLON).forward(numpy.ones(grid.local_shape(NLAT, NLON)))
+        except Exception as exc:  # noqa: BLE001 -- reported by the main thread
+            failure.append(exc)
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join(30)
+    if failure:
+        raise failure[0]
+
+
+def main_thread_against_worker(comm, grid, me):
+    """Class 5, legal: rank 1 calls from a worker thread, the others from their main thread."""
+    failure = []
+
+    def work():
+        try:
+            ReduceFrom(grid.cart).forward(numpy.ones(3))
+        except Exception as exc:  # noqa: BLE001 -- reported by the main thread
+            failure.append(exc)
+
+    if me == 1:
+        thread = threading.Thread(target=work)
+        thread.start()
+        thread.join(30)
+    else:
+        work()
+    if failure:
+        raise failure[0]
+
+
+def allocation_fails_on_one_rank(comm, grid, me):
+    """Class 6: identical valid GatherFrom calls; rank 1 cannot allocate the 256 MB result (a real MemoryError)."""
+    p = comm.Get_size()
+    n = (32 << 20) // p  # float64 entries per rank: the whole result is 256 MB
+    x = numpy.ones((1, n))
+    op = GatherFrom(comm, -1, n * p)
+    limits = resource.getrlimit(resource.RLIMIT_AS)
+    if me == 1:  # the address space this process has now plus 64 MB: the result does not fit
+        with open("/proc/self/statm") as statm:
+            size = int(statm.read().split()[0]) * resource.getpagesize()
+        resource.setrlimit(resource.RLIMIT_AS, (size + (64 << 20), limits[1]))
+    try:
+        op.forward(x)
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, limits)
+
+
+def dottest_rtol(comm, grid, me):
+    """Class 7: rtol=1e-30 on rank 1, 1e-12 elsewhere: one verdict for every rank (here: they disagree)."""
+    dottest(GatherFrom(comm, -1, 3 * comm.Get_size()), rtol=1e-30 if me == 1 else 1e-12, lead=(2, 1))
+
+
+def gather_coefficients_short(comm, grid, me):
+    """Class 7: rank 1's block is one column short; every rank raises before anything moves."""
+    sht = DistributedRealSHT(grid, NLAT, NLON, orders="balanced")
+    l_loc, m_loc = sht.block_shape
+    sht.gather_coefficients(numpy.zeros((l_loc, m_loc - (me == 1)), sht.cdtype))
+
+
 CASES = [chunk_width, batch_gather_from, batch_reduce_from, batch_transpose, batch_halo, batch_sht,
          dtype_gather_from, dtype_copy_to_adjoint, out_shape, out_dtype, out_read_only, other_operator,
          other_extent, sht_lmax, halo_wider_than_neighbour, halo_tile_widths, grid_dims, grid_invalid_dims,
-         debug_on_one_rank, two_threads_on_one_grid]
+         debug_on_one_rank, two_threads_on_one_grid,
+         # issue 24
+         halo_rows_zero_on_one_rank, halo_cols_zero_in_the_call, halo_poles_across_on_one_rank,
+         halo_update_against_accumulate, laplacian_radius, gradient_radius, hyperdiffusion_dt, solver_dt, scatter_root,
+         gather_root, integrate_grid_batch, interpolation_same_weighted_sum, interpolation_nan_point,
+         interpolation_last_rank, composition_against_parts, threads_taking_turns,
+         run_in_worker_threads_named_differently, main_thread_against_worker, allocation_fails_on_one_rank,
+         dottest_rtol, gather_coefficients_short]
 
 
 def main():

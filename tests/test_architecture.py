@@ -80,3 +80,55 @@ def test_the_checker_sees_relative_and_absolute_imports(tmp_path):
     assert "operators" in internal_imports(PACKAGE / "sht" / "transforms.py")
     assert "sht.stages" in internal_imports(PACKAGE / "sht" / "transforms.py")
     assert "settings" in internal_imports(PACKAGE / "cuda_aware.py")
+
+
+# --- every MPI call goes through collectives -----------------------------------------------------------
+
+# mpi4py methods that communicate, create or free communicators, or complete requests. The lower-case names
+# that are also common Python words (gather, scatter, reduce, send, recv, probe) are left out: mpisphere's own
+# grid.gather / grid.scatter would match them.
+MPI_METHODS = {
+    "Send", "Recv", "Isend", "Irecv", "Ssend", "Issend", "Sendrecv", "Sendrecv_replace", "Bsend", "Rsend",
+    "isend", "irecv", "sendrecv", "Bcast", "bcast", "Ibcast", "Scatter", "Scatterv", "Gather", "Gatherv",
+    "Allgather", "Allgatherv", "allgather", "Iallgather", "Iallgatherv", "Alltoall", "Alltoallv", "Alltoallw",
+    "alltoall", "Ialltoall", "Ialltoallv", "Reduce", "Allreduce", "allreduce", "Iallreduce", "Reduce_scatter",
+    "Reduce_scatter_block", "Scan", "Exscan", "Barrier", "barrier", "Ibarrier", "Probe", "Iprobe", "Mprobe",
+    "Improbe", "iprobe", "Wait", "Waitall", "Waitany", "Waitsome", "Test", "Testall", "Testany", "Cancel",
+    "Split", "Split_type", "Dup", "Create_cart", "Create_graph", "Sub", "Free", "Abort",
+    "Neighbor_allgather", "Neighbor_allgatherv", "Neighbor_alltoall", "Neighbor_alltoallv",
+}
+# the modules that may call them: the wrappers, host staging, the CUDA-aware decision, the grid's own
+# communicators, and the test harness (it must keep working, on a private communicator, when the library fails)
+MAY_CALL_MPI = {"collectives", "staging", "cuda_aware", "grid", "testing"}
+
+
+def mpi_calls(path):
+    """``(line, method)`` of every call of an mpi4py communication method in ``path``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in MPI_METHODS:
+            receiver = node.func.value
+            if isinstance(receiver, ast.Name) and receiver.id == "collectives":
+                continue  # the wrappers themselves
+            found.append((node.lineno, node.func.attr))
+    return found
+
+
+def test_only_the_named_modules_call_mpi():
+    wrong = []
+    sources = sorted(PACKAGE.rglob("*.py")) + sorted((ROOT / "examples").rglob("*.py"))
+    for path in sources:
+        inside = path.is_relative_to(PACKAGE)
+        if inside and module_name(path) in MAY_CALL_MPI:
+            continue
+        wrong += [f"{path.relative_to(ROOT)}:{line}: {method}" for line, method in mpi_calls(path)]
+    assert not wrong, ("MPI called outside mpisphere.collectives (and staging, cuda_aware, grid construction, "
+                       "the test harness); go through a collectives wrapper or an operator:\n" + "\n".join(wrong))
+
+
+def test_the_mpi_checker_sees_calls(tmp_path):
+    """The checker itself: a method call on a communicator is found, a grid's own gather is not."""
+    sample = tmp_path / "sample.py"
+    sample.write_text("comm.Allreduce(a, b)\nrequest.Wait()\ngrid.gather(tile)\nx = comm.Get_rank()\n"
+                      "collectives.allreduce(comm, a, b)\n")
+    assert mpi_calls(sample) == [(1, "Allreduce"), (2, "Wait")]

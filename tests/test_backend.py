@@ -6,7 +6,7 @@ import sys
 import numpy
 import pytest
 
-from mpisphere import backend
+from mpisphere import backend, devices
 from mpisphere.cuda_aware import local_verdict, mpi_library_path
 
 
@@ -67,7 +67,7 @@ def test_select_device_without_a_gpu():
         pytest.skip("a GPU is visible")
     from mpi4py import MPI
     with pytest.raises(RuntimeError, match="no CUDA device visible to this process"):
-        backend.select_device(MPI.COMM_SELF)
+        devices.select_device(MPI.COMM_SELF)
 
 
 def test_outer_test_process_does_not_start_mpi(pytestconfig):

@@ -6,6 +6,7 @@ from mpi4py import MPI
 
 from mpisphere import config, dottest
 from mpisphere.halo import HaloExchange, HaloReduce
+from mpisphere.quadrature import latitudes
 
 from helpers import random_array, rank_rng
 
@@ -142,28 +143,38 @@ def test_corners_on_a_3x2_grid(comm):
             assert all(c[0].all() for c in corners.values())
 
 
-def test_zero_width_posts_no_message(grid, rng, monkeypatch):
+def test_a_zero_width_moves_headers_only(grid, rng, monkeypatch):
+    """Every call sends one header to each direct neighbour in each phase; data only where a width is not 0."""
     from mpisphere import collectives
-    seen = []
-    real = collectives.exchange
+    headers, data = [], []
+    send_header, send_bytes = collectives.isend, collectives.isend_bytes
 
-    def spy(comm, sends, recvs, **kwargs):
-        seen.append(comm)
-        assert len(sends) <= 2 and len(recvs) <= 2  # one phase: both directions in flight together
-        return real(comm, sends, recvs, **kwargs)
+    def spy_header(comm, values, dest, tag):
+        headers.append(tag)
+        return send_header(comm, values, dest, tag)
 
-    monkeypatch.setattr(collectives, "exchange", spy)
+    def spy_bytes(comm, buf, dest, tag):
+        data.append(tag)
+        return send_bytes(comm, buf, dest, tag)
+
+    monkeypatch.setattr(collectives, "isend", spy_header)
+    monkeypatch.setattr(collectives, "isend_bytes", spy_bytes)
+    ring = 2 if grid.nazimuth > 1 else 0   # a one-rank ring wraps locally
+    polar = (grid.polar_rank > 0) + (grid.polar_rank < grid.npolar - 1)
     h, w = grid.local_shape(NLAT, NLON)
     x = rng.standard_normal((h, w))
-    numpy.testing.assert_array_equal(HaloExchange(grid, 0, 0).forward(x), x)
-    numpy.testing.assert_array_equal(HaloExchange(grid, 0, 0).adjoint(x), x)
-    assert seen == []
-    HaloExchange(grid, 0, 2).forward(x)
-    assert all(c is grid.azimuth for c in seen)
-    assert len(seen) == (0 if grid.nazimuth == 1 else 1)  # a one-rank ring wraps locally
-    seen.clear()
-    HaloExchange(grid, 2, 0).forward(x)
-    assert all(c is grid.polar for c in seen) and len(seen) == 1
+    for rows, cols in ((0, 0), (0, 2), (2, 0), (1, 1)):
+        headers.clear()
+        data.clear()
+        op = HaloExchange(grid, rows, cols, extents=(NLAT, NLON))
+        op.forward(x)
+        assert len(headers) == ring + polar, (rows, cols, headers)
+        assert len(data) == (ring if cols else 0) + (polar if rows else 0), (rows, cols, data)
+        headers.clear()
+        data.clear()
+        HaloExchange(grid, rows, cols).forward(x)  # without extents, a record to each neighbour first
+        assert len(headers) == 2 * (ring + polar), (rows, cols, headers)
+        assert len(data) == (ring if cols else 0) + (polar if rows else 0), (rows, cols, data)
 
 
 def test_halo_wider_than_smallest_tile_is_an_error_before_any_message(grid):
@@ -229,16 +240,25 @@ def test_bad_widths(grid):
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("debug", [False, True], ids=["debug-off", "debug-on"])
-def test_a_rank_with_another_batch_raises_on_its_neighbours(grid, debug):
-    h, w = grid.local_shape(NLAT, NLON)
-    x = numpy.zeros((2 + (grid.rank == 1), h, w))
+@pytest.mark.parametrize("direction", ["forward", "adjoint", "update", "accumulate"])
+def test_a_rank_with_another_batch_raises_on_its_neighbours(grid, rng, debug, direction):
+    """Rank 1's neighbours see its headers, their neighbours see theirs; ranks farther away return correct results."""
+    field = rng.standard_normal((3, NLAT, NLON))
+    lat, lon = grid.local_slices(NLAT, NLON)
+    batch = 3 if grid.rank == 1 else 2
     op = HaloExchange(grid, 1, 1)
+    padded = expected_tile(grid, field[:batch], 1, 1)
+    x = field[:batch, lat, lon].copy() if direction == "forward" else padded.copy()
+    run = getattr(op, direction)
     with config.override(debug=debug):
-        if grid.size == 2 or (grid.npolar == 2 and grid.nazimuth == 2) or grid.rank in _near(grid, 1):
-            with pytest.raises(ValueError, match="cannot exchange its halo: .*not making the same call"):
-                op.forward(x)
-        else:  # too far from rank 1 to exchange anything with it: a correct result
-            op.forward(x)
+        if grid.rank in _near(grid, 1):
+            with pytest.raises(ValueError, match="cannot exchange its halo: .*(not making the same call|could not "
+                                                 "complete its own exchange)"):
+                run(x)
+        else:  # too far from rank 1 to exchange anything wrong with it: a correct result
+            got = run(x)
+            if direction in ("forward", "update"):
+                numpy.testing.assert_array_equal(got, padded)
 
 
 def _near(grid, rank):
@@ -287,48 +307,93 @@ def test_messages_that_teach(grid):
         GatherFrom(grid.polar, -2, NLAT) @ HaloExchange(grid, 0, 1)
 
 
-def test_ranks_far_from_a_mistake_exchange_nothing_with_it_and_return_correct_halos(grid, rng):
-    """A column-only halo: rows of the grid do not talk; a mistake in one row does not reach the others."""
-    if grid.npolar < 2 or grid.nazimuth < 2:
-        pytest.skip("needs two polar rows, each with two ranks that talk")
-    field = rng.standard_normal((2, NLAT, NLON))
+def test_a_halo_without_extents_against_one_with_them(grid, rng):
+    """Rank 1 sends records first (no extents), its neighbours do not expect them: every message still matches."""
+    if grid.size < 2:
+        pytest.skip("needs two ranks")
+    h, w = grid.local_shape(NLAT, NLON)
+    with_extents, without = HaloExchange(grid, 1, 1, extents=(NLAT, NLON)), HaloExchange(grid, 1, 1)
+    x = rng.standard_normal((2, h, w))
+    for direction in ("forward", "adjoint"):
+        op = without if grid.rank == 1 else with_extents
+        arg = x if direction == "forward" else numpy.zeros((2, h + 2, w + 2))
+        if grid.rank in _near(grid, 1):
+            with pytest.raises(ValueError, match="cannot exchange its halo"):
+                getattr(op, direction)(arg)
+        else:
+            getattr(op, direction)(arg)
+    field = numpy.random.default_rng(7).standard_normal((2, NLAT, NLON))  # the same on every rank
     lat, lon = grid.local_slices(NLAT, NLON)
-    x = field[..., lat, lon]
-    op = HaloExchange(grid, 0, 1)
-    bad = grid.polar_rank == 0 and grid.azimuth_rank == 0
-    if grid.polar_rank == 0:
+    numpy.testing.assert_array_equal(without.forward(field[..., lat, lon].copy()), expected_tile(grid, field, 1, 1))
+
+
+def test_two_different_halo_calls_on_neighbours_raise_instead_of_waiting(grid, rng):
+    """Rank 1 runs a column-only exchange while the others run a row-only one: every message still matches."""
+    if grid.size < 2:
+        pytest.skip("needs two ranks")
+    h, w = grid.local_shape(NLAT, NLON)
+    rows_only, cols_only = HaloExchange(grid, 1, 0), HaloExchange(grid, 0, 1)
+    x = rng.standard_normal((2, h, w))
+    if grid.rank in _near(grid, 1):
         with pytest.raises(ValueError, match="cannot exchange its halo"):
-            op.forward(x[:1] if bad else x)
+            (cols_only if grid.rank == 1 else rows_only).forward(x)
     else:
-        numpy.testing.assert_array_equal(op.forward(x), expected_tile(grid, field, 0, 1))
+        rows_only.forward(x)
+    # the next call finds no message of the failed one left behind
+    field = numpy.random.default_rng(7).standard_normal((2, NLAT, NLON))  # the same on every rank
+    lat, lon = grid.local_slices(NLAT, NLON)
+    numpy.testing.assert_array_equal(HaloExchange(grid, 1, 1).forward(field[..., lat, lon].copy()),
+                                     expected_tile(grid, field, 1, 1))
 
 
 # --- across the poles ------------------------------------------------------------------------
 
-def across_reference(field, rows, cols, signs):
-    """The global field continued across the poles: row -1-k is row k half way round, times the field's sign."""
+def across_reference(field, rows, cols, signs, quadrature):
+    """The global field continued past the poles by reflection, from the grid's colatitudes alone.
+
+    Past the north pole lie the reflections ``-theta_j`` of the rows, past
+    the south pole ``2 pi - theta_j``; the halo rows are those that lie
+    beyond the first (last) row, nearest first, each holding its row half
+    way round times the field's sign. A row at a pole reflects onto itself
+    and is not one of them.
+    """
     nlat, nlon = field.shape[-2:]
+    theta, _ = latitudes(nlat, quadrature)
     out = padded_reference(field, rows, cols)
     columns = ((numpy.arange(nlon + 2 * cols) - cols) + nlon // 2) % nlon
     s = numpy.asarray(signs, dtype=float).reshape(-1, 1)  # per field, over the columns of one row
+    beyond_north = sorted((j for j in range(nlat) if -theta[j] < theta[0] - 1e-12), key=lambda j: theta[j])
+    beyond_south = sorted((j for j in range(nlat) if 2 * numpy.pi - theta[j] > theta[-1] + 1e-12),
+                          key=lambda j: numpy.pi - theta[j])
     for k in range(rows):
-        out[..., rows - 1 - k, :] = s * field[..., k, columns]
-        out[..., rows + nlat + k, :] = s * field[..., nlat - 1 - k, columns]
+        out[..., rows - 1 - k, :] = s * field[..., beyond_north[k], columns]
+        out[..., rows + nlat + k, :] = s * field[..., beyond_south[k], columns]
     return out
 
 
 ACROSS_NLON = 12  # even: the opposite longitude is a grid column; uneven on 5 azimuth ranks
+QUADRATURES = ["equiangular", "legendre-gauss", "lobatto"]
 
 
+def _fits_across(grid, rows, quadrature):
+    theta, _ = latitudes(NLAT, quadrature)
+    sizes = grid.lat_sizes(NLAT)
+    return rows + (theta[0] == 0) <= sizes[0] and rows + (abs(theta[-1] - numpy.pi) < 1e-12) <= sizes[-1]
+
+
+@pytest.mark.parametrize("quadrature", QUADRATURES)
 @pytest.mark.parametrize("rows, cols", [(1, 0), (2, 2), (3, 1)])
-def test_across_the_poles_matches_the_continued_global_field(grid, rng, rows, cols):
+def test_across_the_poles_matches_the_reflected_global_field(grid, rng, rows, cols, quadrature):
+    if not _fits_across(grid, rows, quadrature):
+        pytest.skip("the polar tiles are too small for these rows past the poles")
     field = rng.standard_normal((2, 3, NLAT, ACROSS_NLON))
     signs = (1, -1, -1)  # (h, u, v): vector components turn round at the pole
-    op = HaloExchange(grid, rows, cols, extents=(NLAT, ACROSS_NLON), poles="across", signs=signs)
+    op = HaloExchange(grid, rows, cols, extents=(NLAT, ACROSS_NLON), poles="across", signs=signs,
+                      quadrature=quadrature)
     lat, lon = grid.local_slices(NLAT, ACROSS_NLON)
     got = op.forward(field[..., lat, lon].copy())
-    want = across_reference(field, rows, cols, signs)[..., lat.start:lat.stop + 2 * rows,
-                                                         lon.start:lon.stop + 2 * cols]
+    want = across_reference(field, rows, cols, signs, quadrature)[..., lat.start:lat.stop + 2 * rows,
+                                                                     lon.start:lon.stop + 2 * cols]
     numpy.testing.assert_array_equal(got, want)
     # in place, on an array that keeps its ghost cells
     padded = numpy.zeros_like(got)
@@ -336,16 +401,36 @@ def test_across_the_poles_matches_the_continued_global_field(grid, rng, rows, co
     numpy.testing.assert_array_equal(op.update(padded), want)
 
 
+def test_across_a_pole_row_is_not_repeated(grid):
+    """Issue 24's example: a 9 x 8 equiangular field; the row next to the north pole is row 1 half way round."""
+    nlat, nlon = 9, 8
+    if grid.lat_sizes(nlat)[0] < 2 or grid.lat_sizes(nlat)[-1] < 2 or grid.nazimuth > nlon:
+        pytest.skip("needs two rows on each polar tile")
+    field = numpy.zeros((nlat, nlon))
+    field[0] = numpy.arange(nlon)
+    field[1] = 100 + numpy.arange(nlon)
+    lat, lon = grid.local_slices(nlat, nlon)
+    op = HaloExchange(grid, 1, 0, extents=(nlat, nlon), poles="across", quadrature="equiangular")
+    got = op.forward(field[lat, lon].copy())
+    if grid.polar_rank == 0:
+        numpy.testing.assert_array_equal(got[0], (100 + (numpy.arange(nlon) + nlon // 2) % nlon)[lon])
+
+
+@pytest.mark.parametrize("quadrature", QUADRATURES)
 @pytest.mark.parametrize("rows, cols", [(1, 0), (2, 2), (3, 1)])
 @pytest.mark.parametrize("dtype", [numpy.float64, numpy.complex128])
-def test_across_the_poles_dottest(grid, rows, cols, dtype):
-    op = HaloExchange(grid, rows, cols, extents=(NLAT, ACROSS_NLON), poles="across", signs=(1, -1))
+def test_across_the_poles_dottest(grid, rows, cols, dtype, quadrature):
+    if not _fits_across(grid, rows, quadrature):
+        pytest.skip("the polar tiles are too small for these rows past the poles")
+    op = HaloExchange(grid, rows, cols, extents=(NLAT, ACROSS_NLON), poles="across", signs=(1, -1),
+                      quadrature=quadrature)
     h, w = grid.local_shape(NLAT, ACROSS_NLON)
     local = rank_rng(grid.cart)
     x = random_array(local, (4, 2, h, w), dtype)
     y = random_array(local, (4, 2, h + 2 * rows, w + 2 * cols), dtype)
     assert dottest(op, x, y, rtol=1e-13) <= 1e-13
-    reduce = HaloReduce(grid, rows, cols, extents=(NLAT, ACROSS_NLON), poles="across", signs=(1, -1))
+    reduce = HaloReduce(grid, rows, cols, extents=(NLAT, ACROSS_NLON), poles="across", signs=(1, -1),
+                        quadrature=quadrature)
     numpy.testing.assert_array_equal(reduce.forward(y), op.adjoint(y))
     padded = y.copy()
     numpy.testing.assert_allclose(op.accumulate(padded)[..., rows:rows + h, cols:cols + w], op.adjoint(y),
@@ -354,15 +439,30 @@ def test_across_the_poles_dottest(grid, rows, cols, dtype):
 
 def test_across_the_poles_refuses_what_it_cannot_do(grid):
     with pytest.raises(ValueError, match="needs an even nlon"):
-        HaloExchange(grid, 1, 1, extents=(NLAT, 11), poles="across")
+        HaloExchange(grid, 1, 1, extents=(NLAT, 11), poles="across", quadrature="legendre-gauss")
     with pytest.raises(ValueError, match="needs extents"):
-        HaloExchange(grid, 1, 1, poles="across")
+        HaloExchange(grid, 1, 1, poles="across", quadrature="legendre-gauss")
+    with pytest.raises(ValueError, match="needs quadrature="):
+        HaloExchange(grid, 1, 1, extents=(NLAT, ACROSS_NLON), poles="across")
+    with pytest.raises(ValueError, match="unknown quadrature grid 'gauss-hermite'"):
+        HaloExchange(grid, 1, 1, extents=(NLAT, ACROSS_NLON), poles="across", quadrature="gauss-hermite")
     with pytest.raises(ValueError, match="poles must be 'zero' or 'across'"):
         HaloExchange(grid, 1, 1, extents=(NLAT, ACROSS_NLON), poles="mirror")
     with pytest.raises(ValueError, match="signs apply across the poles"):
         HaloExchange(grid, 1, 1, extents=(NLAT, ACROSS_NLON), signs=(1, -1))
-    op = HaloExchange(grid, 1, 1, extents=(NLAT, ACROSS_NLON), poles="across", signs=(1, -1))
+    with pytest.raises(ValueError, match="quadrature says where the poles are"):
+        HaloExchange(grid, 1, 1, extents=(NLAT, ACROSS_NLON), quadrature="lobatto")
+    op = HaloExchange(grid, 1, 1, extents=(NLAT, ACROSS_NLON), poles="across", signs=(1, -1),
+                      quadrature="legendre-gauss")
     h, w = grid.local_shape(NLAT, ACROSS_NLON)
     fields = 3 if grid.rank == 0 else 2  # one rank passes three fields for two signs: every rank raises
     with pytest.raises(ValueError, match=f"rank 0 of {grid.size}: signs has 2 entries"):
         op.forward(numpy.zeros((fields, h, w)))
+
+
+@pytest.mark.mpi(min_size=2)
+def test_ranks_that_build_another_halo_raise_at_construction(grid):
+    """The widths and poles decide who talks to whom: agreed when the exchange is built, on every rank."""
+    with pytest.raises(ValueError, match=r"HaloExchange: the \d ranks built it from different arguments .*rank 1 has: "
+                                         r"HaloExchange\(grid=.*rows=0"):
+        HaloExchange(grid, 0 if grid.rank == 1 else 1, 1)

@@ -132,7 +132,7 @@ def test_grid_records_the_agreed_decision(grid):
 
 
 def test_node_local_rank(comm):
-    from mpisphere.backend import node_local_rank
+    from mpisphere.collectives import node_local_rank
     local_rank, local_size = node_local_rank(comm)
     # one node here: the node-local numbering is the world's
     assert (local_rank, local_size) == (comm.Get_rank(), comm.Get_size())

@@ -26,8 +26,9 @@ steady zonal geostrophic flow with a known exact solution
 import math
 
 import numpy
-from mpi4py import MPI
 
+from ..agreement import Described, agree_construction
+from ..primitives import GatherFrom, ReduceFrom
 from ..sht import calculus
 from .tangent_linear import TangentLinearModel, adams_bashforth
 from ..quadrature import latitudes
@@ -37,7 +38,7 @@ from ..sht import (DistributedInverseRealSHT, DistributedInverseRealVectorSHT, D
 __all__ = ["ShallowWaterSolver"]
 
 
-class ShallowWaterSolver:
+class ShallowWaterSolver(Described):
     """Shallow-water equations on a rotating sphere, spread over a grid of ranks.
 
     Parameters
@@ -78,11 +79,18 @@ class ShallowWaterSolver:
     of geopotential (m^2/s^2), vorticity and divergence (1/s); grid fields
     are this rank's tiles ``(..., h, w)``; winds are ``(u, v)``, eastward and
     northward, ``(2, h, w)``. Every method is collective over ``grid.cart``.
+
+    Construction is collective too: the ranks agree on every argument (the
+    time step, the radius, gravity, ... by value) before anything is built,
+    so a model built with another ``dt`` on one rank raises on every rank.
+    The global reductions (:meth:`integrate_grid`, :meth:`diagnostics`) are
+    mpisphere operators and agree like any other call.
     """
 
     def __init__(self, grid, nlat, nlon, dt, lmax=None, mmax=None, *, quadrature="equiangular",
                  radius=6.37122e6, omega=7.292e-5, gravity=9.80616, havg=10.0e3, hamp=120.0,
                  orders="contiguous"):
+        agree_construction(self, grid.cart)
         self.grid = grid
         self.dt = float(dt)
         self.nlat, self.nlon = nlat, nlon
@@ -115,6 +123,8 @@ class ShallowWaterSolver:
 
         self.uv_to_vrtdiv = calculus.uv_to_vrtdiv(self.vsht, self.radius)
         self.vrtdiv_to_uv = calculus.vrtdiv_to_uv(self.ivsht, self.radius)
+        self._sum = ReduceFrom(grid.cart)                 # integrals: sums over the ranks, agreed like any call
+        self._each = GatherFrom(grid.cart, 0, grid.size)  # one number from every rank (the largest vorticity)
 
     # --- transforms, as torch-harmonics names them ------------------------------------------
 
@@ -299,9 +309,7 @@ class ShallowWaterSolver:
             keep = ((rows >= polar_opt) & (rows < self.nlat - polar_opt)).reshape(-1, 1)
             weights = weights * keep
         local = numpy.array(numpy.sum(ugrid * weights * dlon * radius ** 2, axis=(-2, -1)), dtype=numpy.float64)
-        total = numpy.empty_like(local)
-        self.grid.cart.Allreduce(local.reshape(-1), total.reshape(-1), op=MPI.SUM)
-        return total
+        return self._sum.forward(local)
 
     def diagnostics(self, uspec):
         """Mass, total energy and the largest absolute relative vorticity, each the same on every rank.
@@ -315,5 +323,5 @@ class ShallowWaterSolver:
         mass, energy = self.integrate_grid(numpy.stack([phi / self.gravity,
                                                         (phi * (uv[0] ** 2 + uv[1] ** 2) + phi ** 2) /
                                                         (2 * self.gravity)]))
-        vmax = self.grid.cart.allreduce(float(abs(ugrid[1]).max()), op=MPI.MAX)
+        vmax = float(self._each.forward(numpy.array([abs(ugrid[1]).max()], dtype=numpy.float64)).max())
         return {"mass": float(mass), "energy": float(energy), "max_vorticity": vmax}

@@ -70,6 +70,8 @@ class TangentLinearModel(LinearOperator):
     again, as they would in user code.
     """
 
+    _per_rank = ("trajectory", "final_state")  # this rank's tiles and block; the solver is compared whole
+
     def __init__(self, solver, trajectory, final_state):
         self.solver = solver
         self.trajectory = trajectory
@@ -79,11 +81,6 @@ class TangentLinearModel(LinearOperator):
         self._comm = solver.grid.cart
         self.block = (3,) + tuple(solver.sht.block_shape)
         self.dtype = numpy.dtype(solver.sht.cdtype)
-
-    def _describe(self):
-        s = self.solver
-        return (f"TangentLinearModel({s.nlat} x {s.nlon}, lmax {s.lmax}, {self.nsteps} steps of {s.dt:g} s, "
-                f"{s.quadrature})")
 
     def _output(self, direction, spec):
         if spec.shape[-3:] != self.block or spec.dtype != self.dtype or spec.device:

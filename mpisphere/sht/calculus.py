@@ -20,10 +20,17 @@ vector transforms as they are, and
 The inverse Laplacian sets the ``l = 0`` coefficient to zero (the global mean
 is not determined by a Laplacian): it is the inverse on the fields of zero
 mean, and the pseudo-inverse (still its own adjoint) on all.
+
+Building any of these operators is collective over the transform's grid: the
+ranks agree once on what they were built from (the transform, the factors
+per degree, which carry ``radius``, ``dt`` and the other parameters by
+value), so a parameter given differently on one rank raises on every rank
+instead of scaling one rank's block differently.
 """
 
 import numpy
 
+from ..agreement import agree_construction
 from ..operators import FORWARD, Diagonal, InputError, LinearOperator
 
 __all__ = [
@@ -35,6 +42,7 @@ __all__ = [
     "uv_to_vrtdiv",
     "vrtdiv_to_uv",
     "gradient",
+    "DegreeDiagonal",
 ]
 
 
@@ -43,13 +51,38 @@ def _degrees(transform):
     return transform.local_degrees.astype(float)[:, None]
 
 
+class DegreeDiagonal(Diagonal):
+    """Each coefficient ``c(l, m)`` of a transform's blocks times a real factor of its degree, ``factors[l]``.
+
+    Parameters
+    ----------
+    transform : a distributed transform
+        Whose coefficient blocks (``transform.block_shape``, order layout
+        included) the operator acts on.
+    factors_by_degree : array_like, shape ``(lmax,)``
+        Real factors, one per global degree.
+
+    Notes
+    -----
+    ``forward = adjoint``: ``(..., l_loc, m_loc) -> (..., l_loc, m_loc)``,
+    no communication when called. Construction is collective over the
+    transform's grid: the ranks agree on the transform and the factors (by
+    value), once.
+    """
+
+    def __init__(self, transform, factors_by_degree):
+        agree_construction(self, transform.grid.cart)
+        factors = numpy.asarray(factors_by_degree, dtype=float)
+        if factors.shape != (transform.lmax,):
+            raise ValueError(f"expected one factor per degree, shape ({transform.lmax},), got {factors.shape}")
+        weights = numpy.broadcast_to(factors[transform.local_degrees][:, None], transform.block_shape).copy()
+        super().__init__(weights.astype(numpy.empty(0, transform.cdtype).real.dtype), transform.spectral_layout)
+        self.factors = factors
+
+
 def _block_diagonal(transform, factors_by_degree):
-    """A Diagonal on this rank's blocks from real factors per global degree (shape ``(lmax,)``)."""
-    factors = numpy.asarray(factors_by_degree, dtype=float)
-    if factors.shape != (transform.lmax,):
-        raise ValueError(f"expected one factor per degree, shape ({transform.lmax},), got {factors.shape}")
-    weights = numpy.broadcast_to(factors[transform.local_degrees][:, None], transform.block_shape).copy()
-    return Diagonal(weights.astype(numpy.empty(0, transform.cdtype).real.dtype), transform.spectral_layout)
+    """A :class:`DegreeDiagonal` on this rank's blocks from real factors per global degree (shape ``(lmax,)``)."""
+    return DegreeDiagonal(transform, factors_by_degree)
 
 
 def _by_degree(transform, fn):
@@ -105,6 +138,7 @@ class _IntoComponent(LinearOperator):
     """``(..., l, m) -> (..., 2, l, m)``: ``scale`` times the input in component ``index``, zeros in the other."""
 
     def __init__(self, transform, index, scale):
+        agree_construction(self, transform.grid.cart, who="gradient")
         self.domain = self.range = transform.spectral_layout
         self.index, self.scale = index, scale
         self.block = tuple(transform.block_shape)

@@ -117,9 +117,6 @@ class FourierStage(_LocalStage):
         self._device = {}
         self._workspace = backend.Workspace()
 
-    def _describe(self):
-        return f"FourierStage(nlon={self.nlon}, {'synthesis' if self.synthesis else 'analysis'})"
-
     def _takes_real(self, direction):
         return (direction == FORWARD) != self.synthesis
 
@@ -230,6 +227,8 @@ class Truncation(_LocalStage):
     buffer: no copy. With a permutation both are a gather/scatter.
     """
 
+    _per_rank = ("orders",)  # this azimuth rank's orders (balanced layout)
+
     def __init__(self, mmax, half, layout, orders=None):
         super().__init__(layout)
         self.mmax, self.half = mmax, half
@@ -247,9 +246,6 @@ class Truncation(_LocalStage):
     def permuted(self):
         """Whether the kept orders are reordered (then no view/embed shortcuts)."""
         return self.orders is not None
-
-    def _describe(self):
-        return f"Truncation({self.half} -> {self.mmax}{', permuted' if self.permuted else ''})"
 
     def _output(self, direction, spec):
         n_in, n_out = (self.half, self.mmax) if direction == FORWARD else (self.mmax, self.half)
@@ -320,6 +316,8 @@ class LegendreStage(_LocalStage):
         unweighted and shared with the synthesis.
     """
 
+    _per_rank = ("tables", "weights")  # this rank's orders' functions
+
     def __init__(self, tables, nlat, dtype, method, layout, weights=None):
         super().__init__(layout)
         self.tables = tables
@@ -331,9 +329,6 @@ class LegendreStage(_LocalStage):
         self.method = method
         self._workspace = backend.Workspace()
         self._triangular = contraction.degrees_are_triangular(tables)
-
-    def _describe(self):
-        return f"LegendreStage({self.nlat} -> {self.tables.degrees}, orders {len(self.tables.orders)})"
 
     def _output(self, direction, spec):
         n_in, n_out = (self.nlat, self.tables.degrees) if direction == FORWARD else (self.tables.degrees, self.nlat)
@@ -450,6 +445,8 @@ class VectorCoupling(_LocalStage):
     coefficients. Fastest in the batch-innermost layout ``(L, m, 2, B)``.
     """
 
+    _per_rank = ("alpha", "beta", "delta", "g")  # coefficients of this rank's orders
+
     def __init__(self, alpha, beta, delta, g, lin, dtype, layout):
         super().__init__(layout)
         self.lin = lin
@@ -462,9 +459,6 @@ class VectorCoupling(_LocalStage):
         self._workspace = backend.Workspace()
         nonzero = numpy.flatnonzero(numpy.any(self.delta[:, :, 0] != 0, axis=0))
         self._delta_columns = slice(int(nonzero.min()), int(nonzero.max()) + 1) if nonzero.size else slice(0, 0)
-
-    def _describe(self):
-        return f"VectorCoupling({self.lin} -> {self.lout} degrees, {self.count} orders)"
 
     def _output(self, direction, spec):
         n_in, n_out = (self.lin, self.lout) if direction == FORWARD else (self.lout, self.lin)

@@ -35,6 +35,7 @@ import numpy
 
 from .. import backend
 from ..legendre import NORMS, degree_factors
+from ..agreement import agree
 from ..operators import DISTRIBUTED, FORWARD, InputError, Layout, LinearOperator, Spec
 from ..partition import check_int, split_offsets, split_sizes
 from ..primitives import Transpose
@@ -166,6 +167,14 @@ class _Transform(LinearOperator):
         ``(..., 2, l_loc, m_loc)``). Returns ``None`` on the other ranks.
         Collective over ``grid.cart``.
         """
+        who = f"{self.name}.gather_coefficients"
+        error = None
+        if not backend.is_array(block) or tuple(block.shape[-2:]) != tuple(self.block_shape) \
+                or numpy.dtype(block.dtype) != self.cdtype:
+            error = InputError(f"expected this rank's coefficient block (..., {self.block_shape[0]}, "
+                               f"{self.block_shape[1]}) {self.cdtype.name}, got {type(block).__name__} "
+                               f"{getattr(block, 'shape', '')} {getattr(block, 'dtype', '')}".rstrip())
+        agree(self.grid.cart, who, error, f"{self._describe()} root={root!r}", signature=who)
         gathered = self.grid.gather(block, root)
         if gathered is None or self.orders == "contiguous":
             return gathered
@@ -237,10 +246,6 @@ class _Transform(LinearOperator):
         lead = spec.shape[:len(spec.shape) - len(core)]
         result = spec.but(shape=lead + self._core(side_out), dtype=self.dtype if side_out == "grid" else self.cdtype)
         return result, spec.describe(range(len(spec.shape) - 2, len(spec.shape)))
-
-    def _describe(self):
-        return (f"{self.name}({self.nlat} x {self.nlon}, lmax={self.lmax}, mmax={self.mmax}, {self.quadrature}, "
-                f"norm={self.norm}, csphase={self.csphase}, {self.dtype.name}, orders={self.orders})")
 
     # --- running ------------------------------------------------------------------------------
 
