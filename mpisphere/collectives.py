@@ -46,8 +46,10 @@ __all__ = [
     "irecv",
     "isend_bytes",
     "irecv_bytes",
+    "status",
+    "improbe_bytes",
+    "mrecv_bytes",
     "wait",
-    "cancel",
     "test",
     "waitany",
     "waitall",
@@ -333,14 +335,30 @@ def irecv_bytes(comm, buf, nbytes, source, tag):
     return comm.Irecv([buf, int(nbytes), MPI.BYTE], source=source, tag=tag)
 
 
+def status():
+    """An ``MPI_Status`` to reuse across probes."""
+    return MPI.Status()
+
+
+def improbe_bytes(comm, source, tag, status):
+    """``MPI_Improbe``: ``(message, its size in bytes)`` if one from ``source`` with ``tag`` is there.
+
+    ``(None, 0)`` otherwise. A message found is matched (no later receive can
+    take it): receive it with :func:`mrecv_bytes`.
+    """
+    message = comm.Improbe(source, tag, status)
+    if message is None:
+        return None, 0
+    return message, status.Get_count(MPI.BYTE)
+
+
+def mrecv_bytes(message, buf, nbytes):
+    """``MPI_Mrecv`` of a probed message of ``nbytes`` bytes into the start of the flat array ``buf``."""
+    message.Recv([buf, int(nbytes), MPI.BYTE])
+
+
 def wait(request):
     """``MPI_Wait``."""
-    request.Wait()
-
-
-def cancel(request):
-    """``MPI_Cancel`` a pending receive and complete it (no message is consumed)."""
-    request.Cancel()
     request.Wait()
 
 

@@ -72,7 +72,7 @@ import numpy
 
 from . import backend, dtypes
 from .agreement import REFUSED, Context, InputError, NeighbourRound, Spec, agree, agree_construction, \
-    call_description, raise_everywhere
+    call_description, message_buffer, raise_everywhere
 from .operators import ADJOINT, DISTRIBUTED, FORWARD, AdjointOperator, Layout, LinearOperator
 from .partition import check_int, split_sizes
 from .primitives import GatherFromCopyTo
@@ -437,8 +437,12 @@ class HaloExchange(LinearOperator):
         round_, finish = self._round(who, description, error, tile, context.staged, order)
         if error is not None:
             finish()  # raises: headers only, everything that arrives dropped
+        sends, receives = self._neighbours
+        # where each neighbour's message lands, known before any arrives (a later phase's may come early)
+        plan = self._plan(out if direction == FORWARD else x)
+        for tag, rank in receives.items():
+            round_.expect((rank, tag), plan.incoming[tag][0])
         if self.extents is None:  # the records first: tiles that do not fit anywhere around poison the data
-            sends, receives = self._neighbours
             for tag, rank in sends.items():
                 round_.send(rank, tag + _RECORD, None)
             for tag, rank in receives.items():
@@ -492,22 +496,20 @@ class HaloExchange(LinearOperator):
                 send_region, recv_region = halo, interior
             dest = sends.get(tag)
             if dest is not None:
-                out_buf = plan.outgoing[tag]
+                message, out_buf = plan.outgoing[tag]
                 if out_buf is not None and not round_.poisoned:
                     _copy_runs(out_buf, P, send_region)
-                round_.send(dest, tag, out_buf.reshape(-1) if out_buf is not None else None)
+                round_.send(dest, tag, message)
             source = receives.get(tag)
             if source is not None:
-                in_buf = plan.incoming[tag]
-                round_.expect((source, tag), None if in_buf is None else in_buf.reshape(-1))
-                keys.append(((source, tag), recv_region, in_buf))
+                keys.append(((source, tag), recv_region, plan.incoming[tag][1]))
         arrived = round_.collect([k for k, _, _ in keys])
         if round_.poisoned:
             return False
         for key, region, buf in keys:
             if key in arrived:
                 if add:
-                    P[(Ellipsis,) + region] += buf
+                    _add_runs(P, buf, region, self._workspace)
                 else:
                     _copy_runs(P, buf, region, into_region=True)
         return True
@@ -665,15 +667,13 @@ class _HaloPlan:
         self.rows = [(_TO_NORTH, (slice(r, 2 * r), full), (slice(r + h, H), full)),
                      (_TO_SOUTH, (slice(h, h + r), full), (slice(0, r), full))]
         lead = tuple(P.shape[:-2])
-        xp = backend.array_module(P)
         self.outgoing, self.incoming = {}, {}
-        with backend.device_of(P):
-            for width, moves in ((c, self.columns), (r, self.rows)):
-                for tag, interior, _ in moves:
-                    shape = lead + (interior[0].stop - interior[0].start, interior[1].stop - interior[1].start)
-                    empty = width == 0 or math.prod(shape) == 0
-                    self.outgoing[tag] = None if empty else xp.empty(shape, P.dtype)
-                    self.incoming[tag] = None if empty else xp.empty(shape, P.dtype)
+        for width, moves in ((c, self.columns), (r, self.rows)):
+            for tag, interior, _ in moves:  # (message with its header room, the data in it)
+                shape = lead + (interior[0].stop - interior[0].start, interior[1].stop - interior[1].start)
+                empty = width == 0 or math.prod(shape) == 0
+                self.outgoing[tag] = (None, None) if empty else message_buffer(P, shape, P.dtype)
+                self.incoming[tag] = (None, None) if empty else message_buffer(P, shape, P.dtype)
 
 
 def _runs(a, region):
@@ -695,6 +695,24 @@ def _runs(a, region):
     offset = block.__array_interface__["data"][0] - a.__array_interface__["data"][0]
     return numpy.ndarray(block.shape[:axis], dtype=numpy.dtype((numpy.void, item)), buffer=a, offset=offset,
                          strides=block.strides[:axis])
+
+
+def _add_runs(P, buf, region, workspace):
+    """``P[region] += buf``, through a contiguous copy of the region when it is made of short runs.
+
+    NumPy adds strided blocks of a few elements element by element; copying
+    the runs out, adding contiguously into ``buf`` (the received data, free
+    to overwrite) and copying them back was measured twice as fast for the
+    column blocks of a (32, 361, 360) tile (91 against 172 us).
+    """
+    runs = _runs(P, region)
+    if runs is None or runs.dtype.itemsize > 256:  # long runs: NumPy adds them at full speed in place
+        P[(Ellipsis,) + region] += buf
+        return
+    own = workspace.scratch("add-runs", buf, buf.size).reshape(buf.shape)
+    _copy_runs(own, P, region)
+    buf += own
+    _copy_runs(P, buf, region, into_region=True)
 
 
 def _copy_runs(dst, src, region, into_region=False):
