@@ -517,10 +517,10 @@ class HaloExchange(LinearOperator):
     def _gather(self, P, h, w, round_, finish):
         plan = self._plan(P)
         r, c = self.rows, self.cols
-        if c and self.grid.nazimuth == 1:
+        if c and self.grid.nazimuth == 1:  # a one-rank ring wraps onto itself
             inner = slice(r, r + h)
-            P[..., inner, 0:c] = P[..., inner, w:w + c]
-            P[..., inner, c + w:w + 2 * c] = P[..., inner, c:2 * c]
+            _move_runs(P, (inner, slice(w, w + c)), (inner, slice(0, c)))
+            _move_runs(P, (inner, slice(c, 2 * c)), (inner, slice(c + w, w + 2 * c)))
         if self._phase(P, plan, plan.columns, False, round_):
             self._phase(P, plan, plan.rows, False, round_)
         finish()
@@ -685,16 +685,29 @@ def _runs(a, region):
     """
     if not isinstance(a, numpy.ndarray) or not a.flags.c_contiguous:
         return None
-    block = a[(Ellipsis,) + region]
-    if block.size == 0:
+    rows, cols = region  # slices of the last two axes, steps of 1
+    shape = a.shape[:-2] + (rows.stop - rows.start, cols.stop - cols.start)
+    if 0 in shape:
         return None
-    item, axis = block.itemsize, block.ndim
-    while axis > 0 and block.strides[axis - 1] == item:
-        item *= block.shape[axis - 1]
+    strides = a.strides
+    item, axis = a.itemsize, len(shape)
+    while axis > 0 and strides[axis - 1] == item and (axis == len(shape) or shape[axis] == a.shape[axis]):
+        item *= shape[axis - 1]
         axis -= 1
-    offset = block.__array_interface__["data"][0] - a.__array_interface__["data"][0]
-    return numpy.ndarray(block.shape[:axis], dtype=numpy.dtype((numpy.void, item)), buffer=a, offset=offset,
-                         strides=block.strides[:axis])
+    # C order: the block starts rows.start rows and cols.start columns into the array (computed, not asked for:
+    # a view's __array_interface__ costs microseconds, and this runs several times a call)
+    offset = rows.start * strides[-2] + cols.start * strides[-1]
+    return numpy.ndarray(shape[:axis], dtype=numpy.dtype((numpy.void, item)), buffer=a, offset=offset,
+                         strides=strides[:axis])
+
+
+def _move_runs(P, source, target):
+    """``P[target] = P[source]`` for two regions of one shape (they do not overlap), run by run when possible."""
+    src, dst = _runs(P, source), _runs(P, target)
+    if src is None or dst is None or src.dtype != dst.dtype:
+        P[(Ellipsis,) + target] = P[(Ellipsis,) + source]
+    else:
+        numpy.copyto(dst, src)
 
 
 def _add_runs(P, buf, region, workspace):
