@@ -108,17 +108,23 @@ def raw_halo(grid, batch, h, w, rows, cols, dtype):
 
 
 def halo_copies(halo, padded):
-    """The copies one ``update`` makes with no MPI at all: pack each block it sends, unpack each it receives.
+    """The copies one ``update`` makes without MPI: pack and unpack each block, wrap a one-rank ring, zero the poles.
 
     The floor a packing exchange cannot go below, measured in the same run as the raw Sendrecv (which sends
     pre-packed buffers and does none of them). Host arrays only.
     """
-    from mpisphere.halo import _copy_runs
+    from mpisphere.halo import _copy_runs, _move_runs
     plan = halo._plan(padded)
     sends, receives = halo._neighbours
     moves = [m for m in plan.columns + plan.rows]
+    grid, r, c = halo.grid, halo.rows, halo.cols
+    h, w = padded.shape[-2] - 2 * r, padded.shape[-1] - 2 * c
 
     def run():
+        if c and grid.nazimuth == 1:  # a one-rank ring wraps onto itself
+            inner = slice(r, r + h)
+            _move_runs(padded, (inner, slice(w, w + c)), (inner, slice(0, c)))
+            _move_runs(padded, (inner, slice(c, 2 * c)), (inner, slice(c + w, w + 2 * c)))
         for tag, interior, region in moves:
             message, buf = plan.outgoing[tag]
             if buf is not None and tag in sends:
@@ -126,6 +132,10 @@ def halo_copies(halo, padded):
             message, buf = plan.incoming[tag]
             if buf is not None and tag in receives:
                 _copy_runs(padded, buf, region, into_region=True)
+        if r and grid.polar_rank == 0:  # past the poles: zeros
+            padded[..., :r, :] = 0
+        if r and grid.polar_rank == grid.npolar - 1:
+            padded[..., r + h:, :] = 0
     return run
 
 
