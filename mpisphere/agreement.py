@@ -180,10 +180,9 @@ def describe_value(value, per_rank=False):
     if isinstance(value, numpy.dtype):
         return value.name
     if isinstance(value, type):
-        try:
-            return numpy.dtype(value).name
-        except TypeError:
-            return value.__qualname__
+        if issubclass(value, (numpy.generic, bool, int, float, complex)):
+            return numpy.dtype(value).name  # float64 and numpy.float64 alike
+        return f"{value.__module__}.{value.__qualname__}"
     if backend.is_array(value):
         return _array_text(value)
     if isinstance(value, Described):

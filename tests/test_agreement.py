@@ -37,6 +37,11 @@ def test_numbers_by_value_arrays_by_their_bytes():
     assert describe_value(list(range(20))) != describe_value(list(range(1, 21)))
 
 
+def test_dtypes_and_classes():
+    assert describe_value(numpy.float64) == describe_value(float) == describe_value(numpy.dtype("float64"))
+    assert describe_value(threading.Event) == "threading.Event"
+
+
 def test_objects_without_a_value_repr_are_described_by_type_not_address():
     one, two = threading.Event(), threading.Event()
     assert describe_value(one) == describe_value(two) == "a Event"
