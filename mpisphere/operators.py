@@ -742,7 +742,8 @@ class Diagonal(LinearOperator):
     weights : array
         Real NumPy or CuPy array; inputs must have its shape, or a shape it
         broadcasts to (leading batch axes). Complex inputs are scaled in
-        both parts.
+        both parts. NumPy weights serve CuPy inputs too (copied to the
+        device once); CuPy weights need CuPy inputs.
     layout : Layout
         Domain and range (a diagonal is its own adjoint in the real inner
         product).
@@ -765,19 +766,22 @@ class Diagonal(LinearOperator):
             raise TypeError(f"Diagonal: layout must be a Layout, got {type(layout).__name__}")
         self.weights = weights
         self.domain = self.range = layout
+        self._on_device = {}
 
     def _output(self, direction, spec):
         core = tuple(self.weights.shape)
         if spec.shape[len(spec.shape) - len(core):] != core or len(spec.shape) < len(core):
             raise InputError(f"expected an array whose trailing shape is the weights' {core}, got {spec.shape}")
-        if spec.device != backend.is_device_array(self.weights):
-            raise InputError("the input and the weights live in different places (host and device)", TypeError)
+        if backend.is_device_array(self.weights) and not spec.device:
+            raise InputError("the weights live on a device and the input on the host; move the input "
+                             "(cupy.asarray)", TypeError)
         if dtypes.unsupported(spec.dtype):
             raise InputError(dtypes.unsupported(spec.dtype), TypeError)
         return spec, spec.describe()
 
     def _run(self, direction, x, out, context):
-        numpy.multiply(x, self.weights, out=out)
+        # host weights are uploaded once per device for device inputs
+        numpy.multiply(x, backend.on_device_of(x, self.weights, self._on_device), out=out)
 
     def _shapes(self, lead):
         return lead + tuple(self.weights.shape), lead + tuple(self.weights.shape)

@@ -1,18 +1,33 @@
 """One catalogue of operators and points for the tests that run every operator (staging, GPU).
 
 ``operators(grid)`` returns ``(operator, domain point)`` pairs covering every
-primitive, the halo exchange and the transforms, on uneven extents; the
-points come from the operators' own shape contract.
+public operator class: the primitives, the halo exchange and its adjoint, the
+scalar and vector transforms, the point interpolation, the spectral calculus
+operators, the algebra (``Identity``, ``Diagonal``, compositions, sums,
+scalings) and the shallow-water model's tangent-linear model, on uneven
+extents; the points come from the operators' own shape contract.
+``test_the_catalogue_covers_every_public_operator`` fails when a public
+operator class has no entry here.
 """
 
 import numpy
 
-from mpisphere import (CopyTo, DistributedInverseRealSHT, DistributedRealSHT, GatherFrom, GatherFromCopyTo,
-                       HaloExchange, ReduceFrom, ReduceScatter, ScatterTo, Transpose)
+from mpisphere import (CopyTo, Diagonal, DistributedInverseRealSHT, DistributedInverseRealVectorSHT,
+                       DistributedRealSHT, DistributedRealVectorSHT, GatherFrom, GatherFromCopyTo, HaloExchange,
+                       HaloReduce, Identity, PointInterpolation, ReduceFrom, ReduceScatter, ScatterTo, Transpose,
+                       calculus)
+from mpisphere.examples import ShallowWaterSolver
+from mpisphere.operators import DISTRIBUTED, Layout
 
 from helpers import random_array, rank_rng
 
 BATCH, NLAT, NLON = 5, 13, 10
+SWE_NLAT, SWE_NLON = 12, 24  # the tangent-linear model's grid (Gauss): small, every grid of 1-6 ranks splits it
+
+
+def host_only(op):
+    """Operators that take host arrays only (the tangent-linear model's trajectory lives on the host)."""
+    return type(op).__name__ == "TangentLinearModel"
 
 
 def operators(grid):
@@ -21,6 +36,14 @@ def operators(grid):
     local = rank_rng(grid.cart)
     same = numpy.random.default_rng(3)
     h, w = grid.local_shape(NLAT, NLON)
+    sht, isht = DistributedRealSHT(grid, NLAT, NLON), DistributedInverseRealSHT(grid, NLAT, NLON)
+    vsht, ivsht = DistributedRealVectorSHT(grid, NLAT, NLON), DistributedInverseRealVectorSHT(grid, NLAT, NLON)
+    points = numpy.random.default_rng(11)  # the same points on every rank
+    lats = points.uniform(-1.2, 1.2, 9)
+    lons = points.uniform(0, 2 * numpy.pi, 9)
+    tile_layout = Layout(DISTRIBUTED, grid.cart)
+    solver = ShallowWaterSolver(grid, SWE_NLAT, SWE_NLON, dt=150.0, quadrature="legendre-gauss")
+    tangent_linear = solver.linearize(solver.random_initial_condition(), 2)
     cases = [  # (operator, leading axes or a whole template for the primitives, dtype, random source)
         (Transpose(az, axes=(0, 2), extents=(BATCH, NLON)), (BATCH, h, None), numpy.float64, local),
         (Transpose(pol, axes=(-1, 1), extents=(w, NLAT)), (BATCH, None, None), numpy.complex128, local),
@@ -31,7 +54,20 @@ def operators(grid):
         (ReduceScatter(pol, 0, 11), (None, 2), numpy.complex128, local),
         (GatherFromCopyTo(pol, 0, 11), (None, 2), numpy.float64, local),
         (HaloExchange(grid, 2, 2, extents=(NLAT, NLON)), (BATCH,), numpy.float64, local),
-        (DistributedRealSHT(grid, NLAT, NLON), (2,), numpy.float64, local),
-        (DistributedInverseRealSHT(grid, NLAT, NLON), (2,), numpy.complex128, local),
+        (HaloReduce(grid, 1, 2, extents=(NLAT, NLON)), (BATCH,), numpy.float64, local),
+        (sht, (2,), numpy.float64, local),
+        (isht, (2,), numpy.complex128, local),
+        (vsht, (2,), numpy.float64, local),
+        (ivsht, (2,), numpy.complex128, local),
+        (PointInterpolation(grid, NLAT, NLON, lats, lons), (2,), numpy.float64, local),
+        (calculus.laplacian(sht, 2.0), (2,), numpy.complex128, local),
+        (calculus.hyperdiffusion(isht, 600.0), (2,), numpy.complex128, local),
+        (calculus.uv_to_vrtdiv(vsht, 2.0), (3,), numpy.float64, local),      # a composition with a scaling
+        (calculus.vrtdiv_to_uv(ivsht, 2.0), (3,), numpy.complex128, local),
+        (calculus.gradient(ivsht, 2.0), (3,), numpy.complex128, local),
+        (calculus.laplacian(sht) - 0.5 * calculus.truncation(sht, 4), (2,), numpy.complex128, local),  # a sum
+        (Identity(tile_layout, (h, w)), (2,), numpy.float64, local),
+        (Diagonal(numpy.linspace(0.5, 1.5, h * w).reshape(h, w), tile_layout), (2,), numpy.float64, local),
+        (tangent_linear, (), tangent_linear.dtype, local),
     ]
     return [(op, random_array(rng, op.domain_shape(lead), dtype)) for op, lead, dtype, rng in cases]

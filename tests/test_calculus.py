@@ -109,3 +109,14 @@ def test_dottests(grid, transforms):
                       (calculus.vrtdiv_to_uv(ivsht, RADIUS), complex_block),
                       (calculus.gradient(ivsht, RADIUS), complex_block)):
         assert dottest(op, lead=(2,), dtype=dtype, rtol=1e-12) <= 1e-12, op.name
+
+
+def test_vector_operators_state_both_components_in_their_shapes(grid):
+    """Issue 25: the winds' operators' shape contract holds the component axis, so dottest can draw points."""
+    from mpisphere import DistributedInverseRealVectorSHT, DistributedRealVectorSHT, dottest
+    vsht = DistributedRealVectorSHT(grid, 13, 10)
+    ivsht = DistributedInverseRealVectorSHT(grid, 13, 10)
+    to_uv = calculus.vrtdiv_to_uv(ivsht, 2.0)
+    assert to_uv.domain_shape((3,)) == (3, 2) + tuple(ivsht.block_shape)
+    assert calculus.uv_to_vrtdiv(vsht, 2.0).range_shape((3,)) == (3, 2) + tuple(vsht.block_shape)
+    assert dottest(to_uv, lead=(3,), dtype=numpy.complex128) <= 1e-12

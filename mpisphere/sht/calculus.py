@@ -78,6 +78,11 @@ class DegreeDiagonal(Diagonal):
         weights = numpy.broadcast_to(factors[transform.local_degrees][:, None], transform.block_shape).copy()
         super().__init__(weights.astype(numpy.empty(0, transform.cdtype).real.dtype), transform.spectral_layout)
         self.factors = factors
+        # a point of the domain: the transform's coefficient block, both components of a vector transform's
+        self._core = transform._core("spectral")
+
+    def _shapes(self, lead):
+        return lead + self._core, lead + self._core
 
 
 def _block_diagonal(transform, factors_by_degree):
