@@ -48,6 +48,7 @@ __all__ = [
     "device_of",
     "synchronize",
     "Workspace",
+    "BoundedCache",
     "import_cupy",
     "copy_to_host",
     "copy_from_host",
@@ -200,6 +201,43 @@ def synchronize(a):
         cupy = sys.modules["cupy"]
         with a.device:
             cupy.cuda.get_current_stream().synchronize()
+
+
+class BoundedCache:
+    """At most ``size`` entries, the oldest dropped first: an operator's plans, keyed by shape and dtype.
+
+    The one cache of mpisphere (the architecture test refuses hand-written
+    ones): plans hold buffers, so a caller that cycles through many shapes
+    keeps only the last ``size`` of them.
+    """
+
+    __slots__ = ("size", "_items")
+
+    def __init__(self, size):
+        self.size = int(size)
+        self._items = {}
+
+    def get(self, key, build):
+        """The entry for ``key``, built by ``build()`` (and the oldest entry dropped) when it is missing."""
+        found = self._items.get(key)
+        if found is None:
+            while len(self._items) >= self.size:
+                self._items.pop(next(iter(self._items)))
+            found = self._items[key] = build()
+        return found
+
+    def clear(self):
+        self._items.clear()
+
+    def values(self):
+        """The entries, oldest first."""
+        return list(self._items.values())
+
+    def __len__(self):
+        return len(self._items)
+
+    def __contains__(self, key):
+        return key in self._items
 
 
 class Workspace:

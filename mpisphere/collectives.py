@@ -23,7 +23,7 @@ reads a setting or keeps state.
 import numpy
 from mpi4py import MPI
 
-from . import staging
+from . import dtypes, staging
 
 __all__ = [
     "mpi_type",
@@ -63,8 +63,9 @@ def mpi_type(dtype):
     Raises
     ------
     TypeError
-        For a dtype mpisphere does not move (it handles float16, float32,
-        float64, complex64, complex128 and the integer types).
+        For a dtype with no MPI type here. The operators move only the dtypes
+        of :data:`mpisphere.dtypes.SUPPORTED` (they check first); integers
+        and booleans map too, for the library's own metadata.
     """
     dtype = numpy.dtype(dtype)
     if dtype == numpy.float64:
@@ -85,14 +86,16 @@ def mpi_type(dtype):
             4: MPI.INT32_T if signed else MPI.UINT32_T,
             8: MPI.INT64_T if signed else MPI.UINT64_T,
         }[dtype.itemsize]
-    raise TypeError(f"mpisphere: unsupported dtype {dtype} (supported: float16, float32, float64, "
-                    f"complex64, complex128)")
+    raise TypeError(f"mpisphere: no MPI type for dtype {dtype} (the operators move "
+                    f"{', '.join(d.name for d in dtypes.SUPPORTED)})")
 
 
 def _reduction_type(dtype):
+    """The MPI type of a sum over ranks: dtypes.reduction_dtype says which dtypes are summed as they are."""
     dtype = numpy.dtype(dtype)
-    if dtype == numpy.float16:
-        raise TypeError("mpisphere: float16 is reduced in float32; convert before the reduction")
+    if dtypes.reduction_dtype(dtype) != dtype:
+        raise TypeError(f"mpisphere: {dtype.name} is summed in {dtypes.reduction_dtype(dtype).name}; convert "
+                        "before the reduction")
     return mpi_type(dtype)
 
 

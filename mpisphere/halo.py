@@ -203,7 +203,7 @@ class HaloExchange(LinearOperator):
         if poles == "across":
             self._prepare_across(quadrature)
         self._workspace = backend.Workspace()
-        self._plans = {}
+        self._plans = backend.BoundedCache(4)
         self._neighbours = self._find_neighbours()
 
     def _prepare_across(self, quadrature):
@@ -458,32 +458,27 @@ class HaloExchange(LinearOperator):
             out[..., r:r + h, :c] = 0
             out[..., r:r + h, c + w:] = 0
             out[..., r:r + h, c:c + w] = x
-            self._gather(out, h, w, round_, finish)
+            self._fill_halo(out, h, w, round_, finish)
             self._across_forward(out, h, w, context)
         elif direction == "update":
-            self._gather(x, h, w, round_, finish)
+            self._fill_halo(x, h, w, round_, finish)
             self._across_forward(x, h, w, context)
         elif direction == ADJOINT:
             work = self._workspace.scratch("adjoint", x, x.size).reshape(x.shape)
             work[...] = x
             self._across_adjoint(work, h, w, context)
-            self._scatter_add(work, h, w, round_, finish)
+            self._return_halo(work, h, w, round_, finish)
             out[...] = work[..., r:r + h, c:c + w]
         else:  # accumulate
             self._across_adjoint(x, h, w, context)
-            self._scatter_add(x, h, w, round_, finish)
+            self._return_halo(x, h, w, round_, finish)
 
     # --- the two phases -------------------------------------------------------------------
 
     def _plan(self, P):
         key = (tuple(P.shape), P.dtype.str, backend.is_device_array(P), getattr(getattr(P, "device", None), "id", None))
-        plan = self._plans.get(key)
-        if plan is None:
-            if len(self._plans) >= 4:
-                self._plans.pop(next(iter(self._plans)))
-            h, w = P.shape[-2] - 2 * self.rows, P.shape[-1] - 2 * self.cols
-            plan = self._plans[key] = _HaloPlan(P, h, w, self.rows, self.cols)
-        return plan
+        h, w = P.shape[-2] - 2 * self.rows, P.shape[-1] - 2 * self.cols
+        return self._plans.get(key, lambda: _HaloPlan(P, h, w, self.rows, self.cols))
 
     def _phase(self, P, plan, moves, add, round_):
         """Send this phase's blocks (headers first), receive the neighbours', then unpack or add them."""
@@ -514,7 +509,8 @@ class HaloExchange(LinearOperator):
                     _copy_runs(P, buf, region, into_region=True)
         return True
 
-    def _gather(self, P, h, w, round_, finish):
+    def _fill_halo(self, P, h, w, round_, finish):
+        """``update``: the columns from the azimuth neighbours, then full rows (corners) from the polar ones."""
         plan = self._plan(P)
         r, c = self.rows, self.cols
         if c and self.grid.nazimuth == 1:  # a one-rank ring wraps onto itself
@@ -529,7 +525,8 @@ class HaloExchange(LinearOperator):
         if r and self.grid.polar_rank == self.grid.npolar - 1:
             P[..., r + h:, :] = 0
 
-    def _scatter_add(self, P, h, w, round_, finish):
+    def _return_halo(self, P, h, w, round_, finish):
+        """``accumulate``: the halo rows go home and are added, then the halo columns; the halo is zeroed."""
         plan = self._plan(P)
         r, c = self.rows, self.cols
         if self._phase(P, plan, plan.rows, True, round_):

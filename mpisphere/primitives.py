@@ -522,7 +522,7 @@ class Transpose(_CommunicatorOperator):
         self.extents = (self._extent(na, "extents[0]"), self._extent(nb, "extents[1]"))
         self.domain = Layout(DISTRIBUTED, comm)
         self.range = Layout(DISTRIBUTED, comm)
-        self._plans = {}
+        self._plans = backend.BoundedCache(8)
         self._dropped = []
 
     @property
@@ -567,13 +567,9 @@ class Transpose(_CommunicatorOperator):
     def _plan(self, direction, x):
         (split_axis, gather_axis), (n_split, n_gather) = self._roles(direction)
         key = (direction, tuple(x.shape), x.dtype.str, backend.is_device_array(x))
-        plan = self._plans.get(key)
-        if plan is None:
-            if len(self._plans) >= 8:
-                self._plans.pop(next(iter(self._plans)))
-            plan = self._plans[key] = _TransposePlan(self, tuple(x.shape), numpy.dtype(x.dtype),
-                                                     split_axis % x.ndim, gather_axis % x.ndim, n_split, n_gather)
-        return plan
+        return self._plans.get(key, lambda: _TransposePlan(self, tuple(x.shape), numpy.dtype(x.dtype),
+                                                           split_axis % x.ndim, gather_axis % x.ndim, n_split,
+                                                           n_gather))
 
     def _reserve(self, direction, x, out):
         if self.size > 1 and not backend.is_device_array(x):  # (device sets differ when staged: made in the call)

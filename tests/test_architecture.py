@@ -132,3 +132,26 @@ def test_the_mpi_checker_sees_calls(tmp_path):
     sample.write_text("comm.Allreduce(a, b)\nrequest.Wait()\ngrid.gather(tile)\nx = comm.Get_rank()\n"
                       "collectives.allreduce(comm, a, b)\n")
     assert mpi_calls(sample) == [(1, "Allreduce"), (2, "Wait")]
+
+
+# --- one dtype policy, one cache --------------------------------------------------------------------------
+
+# what only mpisphere.dtypes may spell out (the complex and real partners of a dtype), and the hand-written
+# first-in-first-out cache that backend.BoundedCache replaces
+OWN_RULES = {
+    "a complex partner of a dtype written out (use dtypes.complex_of)": re.compile(r"result_type\([^)]*complex64"),
+    "a real partner of a dtype written out (use dtypes.real_of)": re.compile(r"\.real\.dtype\b"),
+    "a hand-written bounded cache (use backend.BoundedCache)": re.compile(r"len\(self\.\w+\) >= \d+"),
+}
+RULE_HOMES = {"dtypes", "backend"}
+
+
+def test_dtype_tables_and_caches_live_in_their_modules():
+    wrong = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if module_name(path) in RULE_HOMES:
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            wrong += [f"{path.relative_to(ROOT)}:{number}: {what}" for what, rule in OWN_RULES.items()
+                      if rule.search(line)]
+    assert not wrong, "\n".join(wrong)

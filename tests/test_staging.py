@@ -169,5 +169,5 @@ def test_buffers_whose_size_or_dtype_cannot_be_read(comm):
         collectives.allreduce(comm, send, recv, count=2)
     with pytest.raises(TypeError, match="mpisphere: cannot tell the element count of DLPackOnly; pass count="):
         collectives.allreduce(comm, send, recv, dtype=numpy.float64)
-    with pytest.raises(TypeError, match="mpisphere: float16 is reduced in float32"):
+    with pytest.raises(TypeError, match="mpisphere: float16 is summed in float32"):
         collectives.allreduce(comm, numpy.ones(2, numpy.float16), numpy.zeros(2, numpy.float16))

@@ -30,6 +30,7 @@ instead of scaling one rank's block differently.
 
 import numpy
 
+from .. import dtypes
 from ..agreement import agree_construction
 from ..operators import FORWARD, Diagonal, InputError, LinearOperator
 
@@ -76,7 +77,7 @@ class DegreeDiagonal(Diagonal):
         if factors.shape != (transform.lmax,):
             raise ValueError(f"expected one factor per degree, shape ({transform.lmax},), got {factors.shape}")
         weights = numpy.broadcast_to(factors[transform.local_degrees][:, None], transform.block_shape).copy()
-        super().__init__(weights.astype(numpy.empty(0, transform.cdtype).real.dtype), transform.spectral_layout)
+        super().__init__(weights.astype(dtypes.real_of(transform.cdtype)), transform.spectral_layout)
         self.factors = factors
         # a point of the domain: the transform's coefficient block, both components of a vector transform's
         self._core = transform._core("spectral")

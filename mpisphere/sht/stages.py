@@ -32,7 +32,7 @@ import math
 
 import numpy
 
-from .. import backend
+from .. import backend, dtypes
 from ..operators import ADJOINT, FORWARD, AdjointOperator, InputError, LinearOperator
 from . import contraction
 
@@ -107,7 +107,7 @@ class FourierStage(_LocalStage):
         self.nlon = nlon
         self.half = nlon // 2 + 1
         self.real = numpy.dtype(dtype)
-        self.complex = numpy.result_type(self.real, numpy.complex64)
+        self.complex = dtypes.complex_of(self.real)
         self.synthesis = synthesis
         # c_m: how often a real signal holds order m (2, but 1 for m = 0 and m = nlon / 2)
         self._host_multiplicity = numpy.full(self.half, 2.0, self.real)
@@ -321,7 +321,7 @@ class LegendreStage(_LocalStage):
     def __init__(self, tables, nlat, dtype, method, layout, weights=None):
         super().__init__(layout)
         self.tables = tables
-        real = numpy.empty(0, dtype).real.dtype
+        real = dtypes.real_of(dtype)
         self.weights = None if weights is None else numpy.ascontiguousarray(weights, dtype=real)
         self._device = {}
         self.nlat = nlat
@@ -367,7 +367,7 @@ class LegendreStage(_LocalStage):
     @staticmethod
     def _real(phys):
         """A ``(n, m, C, B)`` complex array with contiguous columns as real ``(n, m, 2 C B)``."""
-        return phys.reshape(phys.shape[0], phys.shape[1], -1).view(phys.real.dtype)
+        return phys.reshape(phys.shape[0], phys.shape[1], -1).view(dtypes.real_of(phys.dtype))
 
     def _contract(self, direction, source, target, like, zero=True):
         if direction == FORWARD:
@@ -452,7 +452,7 @@ class VectorCoupling(_LocalStage):
         self.lin = lin
         self.lout, self.count = alpha.shape
         self.dtype = numpy.dtype(dtype)
-        real = numpy.empty(0, self.dtype).real.dtype
+        real = dtypes.real_of(self.dtype)
         self.alpha, self.beta, self.delta, self.g = (numpy.asarray(c, dtype=real)[:, :, None]
                                                      for c in (alpha, beta, delta, g))
         self._device = {}

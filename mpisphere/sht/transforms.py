@@ -33,7 +33,7 @@ import math
 
 import numpy
 
-from .. import backend
+from .. import backend, dtypes
 from ..legendre import NORMS, degree_factors
 from ..agreement import agree
 from ..operators import DISTRIBUTED, FORWARD, InputError, Layout, LinearOperator, Spec
@@ -105,9 +105,9 @@ class _Transform(LinearOperator):
         except (ValueError, ImportError) as exc:
             raise type(exc)(f"{who}: {exc}") from None
         self.dtype = numpy.dtype(dtype)
-        if self.dtype not in (numpy.dtype(numpy.float32), numpy.dtype(numpy.float64)):
+        if self.dtype not in dtypes.TRANSFORM:
             raise TypeError(f"{who}: dtype must be float32 or float64, got {self.dtype}")
-        self.cdtype = numpy.result_type(self.dtype, numpy.complex64)
+        self.cdtype = dtypes.complex_of(self.dtype)
         half = self.nlon // 2 + 1
         if self.mmax > half:
             raise ValueError(f"{who}: mmax={self.mmax} exceeds the nlon // 2 + 1 = {half} orders "
@@ -138,7 +138,7 @@ class _Transform(LinearOperator):
         self._comm = grid.cart
         self._layout = Layout(DISTRIBUTED, grid.cart)
         self.tables = self._build_tables()
-        self._pipelines = {}
+        self._pipelines = backend.BoundedCache(4)
         self._scratch = backend.Workspace()
 
     # --- what a rank holds -------------------------------------------------------------
@@ -274,13 +274,7 @@ class _Transform(LinearOperator):
             out[...] = target[:batch].reshape(out.shape)
 
     def _pipeline(self, batch, like):
-        key = (batch, backend.is_device_array(like))
-        found = self._pipelines.get(key)
-        if found is None:
-            if len(self._pipelines) >= 4:
-                self._pipelines.pop(next(iter(self._pipelines)))
-            found = self._pipelines[key] = self._build_pipeline(batch)
-        return found
+        return self._pipelines.get((batch, backend.is_device_array(like)), lambda: self._build_pipeline(batch))
 
     def _transposes(self, batch, degrees):
         """The four transposes of a pipeline for ``batch`` fields and ``degrees`` spectral rows."""
@@ -491,7 +485,7 @@ class DistributedRealVectorSHT(_VectorTransform):
     lmax, mmax : int, optional
         Resolved by :func:`~mpisphere.truncate_sht`.
     quadrature, norm, csphase, dtype, contraction, orders, fft
-        As for :class:`DistributedRealSHT` (keyword-only here).
+        As for :class:`DistributedRealSHT` (the same signature).
 
     Notes
     -----
@@ -504,11 +498,6 @@ class DistributedRealVectorSHT(_VectorTransform):
 
     _table_kind = "analysis"
 
-    def __init__(self, grid, nlat, nlon, lmax=None, mmax=None, *, quadrature="equiangular", norm="ortho",
-                 csphase=True, dtype=numpy.float64, contraction="auto", orders="contiguous", fft="auto"):
-        super().__init__(grid, nlat, nlon, lmax, mmax, quadrature, norm, csphase, dtype, contraction=contraction,
-                         orders=orders, fft=fft)
-
 
 class DistributedInverseRealVectorSHT(_VectorTransform):
     """Inverse real vector SHT: coefficient blocks ``(..., 2, l_loc, m_loc)`` to tiles ``(..., 2, h, w)``.
@@ -519,8 +508,3 @@ class DistributedInverseRealVectorSHT(_VectorTransform):
 
     _synthesis = True
     _table_kind = "synthesis"
-
-    def __init__(self, grid, nlat, nlon, lmax=None, mmax=None, *, quadrature="equiangular", norm="ortho",
-                 csphase=True, dtype=numpy.float64, contraction="auto", orders="contiguous", fft="auto"):
-        super().__init__(grid, nlat, nlon, lmax, mmax, quadrature, norm, csphase, dtype, contraction=contraction,
-                         orders=orders, fft=fft)
