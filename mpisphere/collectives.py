@@ -37,21 +37,16 @@ __all__ = [
     "reduce_scatter",
     "allreduce",
     "sendrecv",
-    "exchange",
     "scatterv",
     "gatherv",
     "bcast_floats",
     "node_local_rank",
-    "isend",
-    "irecv",
     "isend_bytes",
-    "irecv_bytes",
     "status",
     "improbe_bytes",
     "mrecv_bytes",
     "wait",
     "test",
-    "waitany",
     "waitall",
     "exchange_objects",
 ]
@@ -259,33 +254,6 @@ def sendrecv(comm, send, dest, recv, source, *, sendtag=0, recvtag=0, staged=Fal
     stage.finish()
 
 
-def exchange(comm, sends, recvs, *, staged=False, workspace=None):
-    """Point-to-point exchange: post every receive, then every send, wait for all.
-
-    Parameters
-    ----------
-    sends : list of (array, dest, tag)
-    recvs : list of (array, source, tag)
-        Flat C-contiguous arrays; ``dest``/``source`` may be ``MPI.PROC_NULL``.
-        All messages are in flight together (``Irecv``/``Isend``), so the
-        exchanges of a halo phase overlap instead of running one by one.
-    """
-    stage = staging.HostStage(staged, workspace)
-    posted = []
-    for i, (buf, source, tag) in enumerate(recvs):
-        if source == MPI.PROC_NULL:
-            continue
-        dtype = _dtype_of(buf, None)
-        host = stage.recv(f"x-recv{i}", buf, dtype, _count_of(buf, None))
-        posted.append(comm.Irecv([host, mpi_type(dtype)], source=source, tag=tag))
-    for i, (buf, dest, tag) in enumerate(sends):
-        if dest == MPI.PROC_NULL:
-            continue
-        dtype = _dtype_of(buf, None)
-        host = stage.send(f"x-send{i}", buf, dtype, _count_of(buf, None))
-        posted.append(comm.Isend([host, mpi_type(dtype)], dest=dest, tag=tag))
-    MPI.Request.Waitall(posted)
-    stage.finish()
 
 
 def scatterv(comm, send, counts, displs, recv, root=0, *, staged=False):
@@ -317,25 +285,11 @@ def gatherv(comm, send, recv, counts, displs, root=0, *, staged=False):
 
 # --- point to point, non-blocking ---------------------------------------------
 
-def isend(comm, values, dest, tag):
-    """``MPI_Isend`` of a small host int64 array (a header); returns the request."""
-    return comm.Isend([values, MPI.INT64_T], dest=dest, tag=tag)
-
-
-def irecv(comm, values, source, tag):
-    """``MPI_Irecv`` into a small host int64 array (a header); returns the request."""
-    return comm.Irecv([values, MPI.INT64_T], source=source, tag=tag)
-
 
 def isend_bytes(comm, buf, dest, tag):
     """``MPI_Isend`` of a flat contiguous array as bytes (host, or device with a CUDA-aware MPI)."""
     staging.prepare(buf)
     return comm.Isend([buf, int(buf.size) * numpy.dtype(buf.dtype).itemsize, MPI.BYTE], dest=dest, tag=tag)
-
-
-def irecv_bytes(comm, buf, nbytes, source, tag):
-    """``MPI_Irecv`` of exactly ``nbytes`` bytes into the start of the flat contiguous array ``buf``."""
-    return comm.Irecv([buf, int(nbytes), MPI.BYTE], source=source, tag=tag)
 
 
 def status():
@@ -368,11 +322,6 @@ def wait(request):
 def test(request):
     """``MPI_Test``: whether the request has completed."""
     return request.Test()
-
-
-def waitany(requests):
-    """``MPI_Waitany``: the index of a request that completed."""
-    return MPI.Request.Waitany(requests)
 
 
 def waitall(requests):
