@@ -452,11 +452,7 @@ class HaloExchange(LinearOperator):
                 finish()
         r, c = self.rows, self.cols
         h, w = tile
-        if direction == FORWARD:
-            out[..., :r, :] = 0
-            out[..., r + h:, :] = 0
-            out[..., r:r + h, :c] = 0
-            out[..., r:r + h, c + w:] = 0
+        if direction == FORWARD:  # the halo is written whole by _fill_halo (neighbours, the ring, zeros past a pole)
             out[..., r:r + h, c:c + w] = x
             self._fill_halo(out, h, w, round_, finish)
             self._across_forward(out, h, w, context)

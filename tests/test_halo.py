@@ -42,6 +42,9 @@ def test_forward_matches_padded_global_field(grid, rng, rows, cols, dtype, lead,
     y = op.forward(x)
     numpy.testing.assert_array_equal(y, expected_tile(grid, field, rows, cols))
     assert y.dtype == x.dtype
+    stale = numpy.full(y.shape, numpy.nan, y.dtype)  # every halo cell is written, whatever out= held
+    op.forward(x, out=stale)
+    numpy.testing.assert_array_equal(stale, y)
 
 
 @pytest.mark.parametrize("rows", [0, 1, 3])
