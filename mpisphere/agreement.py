@@ -171,6 +171,8 @@ def describe_value(value, per_rank=False):
         return f"per-rank {type(value).__name__}"
     if value is None or isinstance(value, (bool, str, bytes)):
         return repr(value)
+    if isinstance(value, numpy.bool_):
+        return repr(bool(value))
     if isinstance(value, (int, numpy.integer)):
         return repr(int(value))
     if isinstance(value, (float, numpy.floating)):
