@@ -274,35 +274,56 @@ class _Blocking(LinearOperator):
         out[...] = x
 
 
-def two_threads_on_one_grid(comm, grid, me):
-    """While one thread runs an operator on the grid, another thread's operator on it raises (every rank)."""
+def _worker_holding_the_grid(grid, hold):
+    """A worker thread inside an operator call on ``grid``: ``(thread, release, results)``.
+
+    The call holds the grid until ``release`` is set (at once when ``hold``
+    is false); its result lands in ``results["worker"]``.
+    """
     started, release = threading.Event(), threading.Event()
+    if not hold:
+        release.set()
     holder = _Blocking(grid, started, release)
     results = {}
-
-    def first():
-        results["first"] = holder.forward(numpy.full(3, 7.0))
-
-    thread = threading.Thread(target=first, name="first")
-    thread.start()
+    worker = threading.Thread(target=lambda: results.setdefault("worker", holder.forward(numpy.full(3, 7.0))),
+                              name="worker")
+    worker.start()
     started.wait(30)
+    return worker, release, results
+
+
+def _in_a_thread(work):
+    """Run ``work()`` in a new thread and raise what it raised."""
+    failure = []
+
+    def run():
+        try:
+            work()
+        except Exception as exc:  # noqa: BLE001 -- raised again in the calling thread
+            failure.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(30)
+    if failure:
+        raise failure[0]
+
+
+def two_threads_on_one_grid(comm, grid, me):
+    """While one thread runs an operator on the grid, another thread's operator on it raises (every rank)."""
+    worker, release, results = _worker_holding_the_grid(grid, hold=True)
     try:
         ReduceFrom(grid.cart).forward(numpy.ones(3))
     finally:
         release.set()
-        thread.join(30)
-        assert (results["first"] == 7.0).all()
+        worker.join(30)
+        assert (results["worker"] == 7.0).all()
 
 
 def threads_taking_turns(comm, grid, me):
     """Class 5: rank 0's call is refused (its worker holds the grid); the other ranks make it and must raise too."""
-    started, release = threading.Event(), threading.Event()
-    if me != 0:
-        release.set()  # elsewhere the worker's call ends at once and the main thread's call is not refused
-    holder = _Blocking(grid, started, release)
-    worker = threading.Thread(target=lambda: holder.forward(numpy.ones(3)), name=f"worker-{me}")
-    worker.start()
-    started.wait(30)
+    # elsewhere the worker's call ends at once and the main thread's call, made after it, is not refused
+    worker, release, _ = _worker_holding_the_grid(grid, hold=me == 0)
     if me != 0:
         worker.join(30)
     try:
@@ -318,40 +339,23 @@ def run_in_worker_threads_named_differently(comm, grid, me):
         helper = threading.Thread(target=lambda: None)
         helper.start()
         helper.join()
-    failure = []
 
     def work():
-        try:
-            ReduceFrom(grid.cart).forward(numpy.ones(3))
-            DistributedRealSHT(grid, NLAT, NLON).forward(numpy.ones(grid.local_shape(NLAT, NLON)))
-        except Exception as exc:  # noqa: BLE001 -- reported by the main thread
-            failure.append(exc)
+        ReduceFrom(grid.cart).forward(numpy.ones(3))
+        DistributedRealSHT(grid, NLAT, NLON).forward(numpy.ones(grid.local_shape(NLAT, NLON)))
 
-    thread = threading.Thread(target=work)
-    thread.start()
-    thread.join(30)
-    if failure:
-        raise failure[0]
+    _in_a_thread(work)
 
 
 def main_thread_against_worker(comm, grid, me):
     """Class 5, legal: rank 1 calls from a worker thread, the others from their main thread."""
-    failure = []
-
     def work():
-        try:
-            ReduceFrom(grid.cart).forward(numpy.ones(3))
-        except Exception as exc:  # noqa: BLE001 -- reported by the main thread
-            failure.append(exc)
+        ReduceFrom(grid.cart).forward(numpy.ones(3))
 
     if me == 1:
-        thread = threading.Thread(target=work)
-        thread.start()
-        thread.join(30)
+        _in_a_thread(work)
     else:
         work()
-    if failure:
-        raise failure[0]
 
 
 def allocation_fails_on_one_rank(comm, grid, me):
