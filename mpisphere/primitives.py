@@ -37,7 +37,7 @@ import numpy
 from mpi4py import MPI
 
 from . import backend, collectives, dtypes
-from .operators import ADJOINT, DISTRIBUTED, FORWARD, REPLICATED, InputError, Layout, LinearOperator
+from .operators import ADJOINT, DISTRIBUTED, FORWARD, REPLICATED, Abilities, InputError, Layout, LinearOperator
 from .partition import check_int, offsets_of, split_sizes
 
 __all__ = [
@@ -529,6 +529,9 @@ class Transpose(_CommunicatorOperator):
     def is_identity(self):
         """True on a one-rank communicator: the map is then the identity (a copy)."""
         return self.size == 1
+
+    def abilities(self, direction):
+        return Abilities(identity=self.is_identity)
 
     def _roles(self, direction):
         """``(split axis, gather axis), (n_split, n_gather)`` of the input in ``direction``."""

@@ -89,7 +89,7 @@ def measure_rates(dtype):
 
     from mpisphere import DistributedRealSHT, ProcessGrid
     from mpisphere.sht import contraction
-    from mpisphere.sht.stages import FourierStage
+    from mpisphere.sht.fourier import FourierStage
     nlat, nlon, batch = 361, 720, 8
     with ProcessGrid(MPI.COMM_SELF) as grid:
         sht = DistributedRealSHT(grid, nlat, nlon, dtype=dtype)

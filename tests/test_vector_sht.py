@@ -146,7 +146,7 @@ def test_vector_input_checks(grid):
 @pytest.mark.parametrize("block_bytes", [1, 3000])
 def test_degree_coupling_in_blocks_of_orders_gives_the_same_result(grid, monkeypatch, block_bytes):
     """The coupling runs in blocks of orders on the host (cache); any block size gives the same numbers."""
-    from mpisphere.sht.stages import VectorCoupling
+    from mpisphere.sht.coupling import VectorCoupling
     nlat, nlon = 21, 40
     whole = {}
     for label, size in (("one block", 1 << 40), ("blocks", block_bytes)):

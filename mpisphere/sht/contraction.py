@@ -27,9 +27,12 @@ import numpy
 
 from .. import backend
 
-__all__ = ["METHODS", "analyze", "synthesize", "copy_degrees", "degrees_are_triangular"]
+__all__ = ["METHODS", "BATCH_INNERMOST", "analyze", "synthesize", "copy_degrees", "degrees_are_triangular"]
 
 METHODS = ("auto", "per-order", "batched")
+
+# the layout above as a memory order of a transform's logical (B, C, n, m) intermediates: (n, m, C, B)
+BATCH_INNERMOST = (2, 3, 1, 0)
 
 
 def _batched(method, like):

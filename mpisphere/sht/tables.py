@@ -20,7 +20,7 @@ Families:
   ``m >= 1`` and ``P(l, 1)`` without the Condon-Shortley phase for ``m = 0``
   (``start = 1``), up to degree ``lmax`` (``L = lmax + 1``): the vector
   transforms combine them over neighbouring degrees (see
-  :mod:`mpisphere.sht.stages`).
+  :mod:`mpisphere.sht.coupling`).
 """
 
 import math

@@ -41,7 +41,10 @@ from ..partition import check_int, split_offsets, split_sizes
 from ..primitives import Transpose
 from ..quadrature import latitudes, rule, truncate_sht
 from . import contraction as kernels
-from .stages import BATCH_INNERMOST, FourierStage, LegendreStage, Pipeline, Truncation, VectorCoupling, resolve_fft
+from .coupling import VectorCoupling
+from .fourier import FourierStage, Truncation, resolve_fft
+from .legendre_stage import LegendreStage
+from .pipeline import Pipeline
 from .orders import ORDER_LAYOUTS, order_assignment, order_permutation
 from .tables import scalar_tables, vector_tables
 
@@ -320,25 +323,14 @@ class _Transform(LinearOperator):
         fourier = FourierStage(self.nlon, self.dtype, self._synthesis, self._layout, self.fft)
         truncation = Truncation(self.mmax, self.nlon // 2 + 1, self._layout, order_permutation(self._assignment))
         extra = self._degree_stages()
-        # the Legendre step and what follows it want the batch innermost: those boundaries are held so
-        innermost = len(extra) + 2
-        # where the transposes between the FFT and the Legendre step are identities (one-rank communicators),
-        # the FFT writes or reads that layout itself (ducc0 takes any strides) instead of a copy changing it
-        fourier_side = 1 if lat.is_identity else 0
-        if fourier_side and orders.is_identity and not truncation.permuted:
-            fourier_side = 3
-        # likewise the Legendre step reads or writes the caller's layout itself when the degree transpose is
-        # an identity (through the other side's memory, copying only the degrees each order has)
-        degree_side = 1 if degrees.is_identity and not extra else 0
+        # the memory layouts of the intermediates are the pipeline's to plan, from what the stages declare
         if not self._synthesis:
             stages = [lon, fourier, truncation, orders, lat, legendre, *extra, degrees]
             spec = Spec((batch, self._components) + self.tile_shape, self.dtype, False)
-            physical = {k: BATCH_INNERMOST for k in range(5 - fourier_side, 5 + innermost - degree_side)}
         else:
             stages = [degrees.H, *extra, legendre.H, lat.H, orders.H, truncation.H, fourier, lon.H]
             spec = Spec((batch, self._components) + self.block_shape, self.cdtype, False)
-            physical = {k: BATCH_INNERMOST for k in range(1 + degree_side, 1 + innermost + fourier_side)}
-        return Pipeline(stages, spec, physical, self.grid.scratch)
+        return Pipeline(stages, spec, self.grid.scratch)
 
 
 class DistributedRealSHT(_Transform):

@@ -1,0 +1,280 @@
+"""The Fourier side of a transform: the real FFT along longitudes and the truncation of its orders.
+
+:class:`FourierStage`
+    the real FFT along longitudes (analysis: ``rfft / nlon``; synthesis:
+    the unnormalised ``irfft``), with exact adjoints.
+:class:`Truncation`
+    keep the first ``mmax`` orders of a spectrum (a view), adjoint: pad with
+    zeros.
+"""
+
+import functools
+import math
+
+import numpy
+
+from .. import backend, dtypes
+from ..operators import FORWARD, Abilities, InputError
+from .contraction import BATCH_INNERMOST
+from .pipeline import LocalStage
+
+__all__ = ["FFT_BACKENDS", "resolve_fft", "FourierStage", "Truncation"]
+
+_FFT_TAKES_OUT = int(numpy.__version__.split(".")[0]) >= 2
+
+FFT_BACKENDS = ("auto", "numpy", "ducc0")
+
+
+def resolve_fft(name):
+    """The FFT library for host arrays: ``"ducc0"`` or ``"numpy"`` (``"auto"``: ducc0 when it is installed).
+
+    ducc0's real FFTs into given outputs take about half NumPy's time on one
+    core (docs/benchmarks.md); CuPy arrays always use ``cupy.fft``.
+    """
+    if name not in FFT_BACKENDS:
+        raise ValueError(f"fft must be one of {', '.join(map(repr, FFT_BACKENDS))}, got {name!r}")
+    if name == "numpy":
+        return "numpy"
+    try:
+        import ducc0.fft  # noqa: F401
+    except ImportError:
+        if name == "ducc0":
+            raise ImportError("fft='ducc0' needs ducc0: pip install 'mpisphere[ducc0]'") from None
+        return "numpy"
+    return "ducc0"
+
+
+def _numpy_out(x, out):
+    return _FFT_TAKES_OUT and isinstance(x, numpy.ndarray) and isinstance(out, numpy.ndarray)
+
+
+class FourierStage(LocalStage):
+    """The real FFT along the last axis, as one stage of a transform.
+
+    Parameters
+    ----------
+    nlon : int
+        Longitudes.
+    dtype : float32 or float64
+        Of the real side.
+    synthesis : bool
+        ``False`` (analysis): ``forward`` maps ``(..., nlon)`` real to the
+        ``(..., nlon // 2 + 1)`` complex spectrum ``X = rfft(x) / nlon``.
+        ``True`` (synthesis): ``forward`` maps a spectrum to the real field
+        ``x = irfft(X)`` unnormalised (a coefficient at ``0 < m < nlon / 2``
+        stands for ``X e^{i m phi}`` plus its conjugate).
+    layout : Layout
+    fft : {"numpy", "ducc0"}
+        The library for NumPy arrays (see :func:`resolve_fft`).
+
+    Notes
+    -----
+    The adjoints in the real inner product: of the analysis,
+    ``x = irfft(Y / c) `` with ``c_m = 2`` for the orders a real signal holds
+    twice and 1 for ``m = 0`` and ``m = nlon / 2``; of the synthesis,
+    ``Y = c rfft(x)`` unnormalised.
+    """
+
+    def __init__(self, nlon, dtype, synthesis, layout, fft="numpy"):
+        super().__init__(layout)
+        self.fft = fft
+        self.nlon = nlon
+        self.half = nlon // 2 + 1
+        self.real = numpy.dtype(dtype)
+        self.complex = dtypes.complex_of(self.real)
+        self.synthesis = synthesis
+        # c_m: how often a real signal holds order m (2, but 1 for m = 0 and m = nlon / 2)
+        self._host_multiplicity = numpy.full(self.half, 2.0, self.real)
+        self._host_multiplicity[0] = 1.0
+        if self.nlon % 2 == 0:
+            self._host_multiplicity[-1] = 1.0
+        self._device = {}
+        self._workspace = backend.Workspace()
+
+    def _takes_real(self, direction):
+        return (direction == FORWARD) != self.synthesis
+
+    def _output(self, direction, spec):
+        real_in = self._takes_real(direction)
+        want = (self.real, self.nlon) if real_in else (self.complex, self.half)
+        if spec.dtype != want[0] or not spec.shape or spec.shape[-1] != want[1]:
+            raise InputError(f"expected (..., {want[1]}) {want[0].name}, got {spec.shape} {spec.dtype.name}")
+        other = (self.complex, self.half) if real_in else (self.real, self.nlon)
+        return spec.but(shape=spec.shape[:-1] + (other[1],), dtype=other[0]), spec.describe()
+
+    def _shapes(self, lead):
+        real, spectrum = lead + (self.nlon,), lead + (self.half,)
+        return (spectrum, real) if self.synthesis else (real, spectrum)
+
+    def multiplicity(self, like):
+        """``c_m`` (see the class notes), ``(half,)`` real, where ``like`` lives."""
+        return backend.on_device_of(like, self._host_multiplicity, self._device)
+
+    def _rfft(self, x, norm, out):
+        if self.fft == "ducc0" and isinstance(x, numpy.ndarray) and isinstance(out, numpy.ndarray):
+            import ducc0.fft
+            ducc0.fft.r2c(x, axes=(-1,), forward=True, inorm=2 if norm == "forward" else 0, out=out, nthreads=1)
+        elif _numpy_out(x, out):
+            numpy.fft.rfft(x, axis=-1, norm=norm, out=out)
+        else:
+            out[...] = backend.array_module(x).fft.rfft(x, axis=-1, norm=norm)
+
+    def _irfft(self, spectrum, norm, out):
+        """``out = irfft(spectrum)``; a ``spectrum`` with fewer than ``half`` orders is zero-padded."""
+        if self.fft == "ducc0" and isinstance(spectrum, numpy.ndarray) and isinstance(out, numpy.ndarray) \
+                and out.dtype == self.real:
+            import ducc0.fft
+            # like NumPy's irfft, c2r uses only the real parts of the m = 0 and m = nlon / 2 terms
+            options = dict(axes=(-1,), lastsize=self.nlon, forward=False, inorm=2 if norm == "backward" else 0,
+                           nthreads=1)
+            if spectrum.shape[-1] == self.half and spectrum.strides[-1] == spectrum.itemsize:
+                ducc0.fft.c2r(spectrum, out=out, **options)
+                return
+            # orders not contiguous (the batch-innermost layout) or missing: one row (latitude) at a time,
+            # about half the time of one c2r reading the strided layout; with orders missing through a
+            # contiguous zero-padded copy of the row that stays in cache
+            rows = spectrum.shape[-2] if spectrum.ndim > 1 else 1
+            spectrum = spectrum.reshape((1, -1)) if spectrum.ndim == 1 else spectrum
+            target = out.reshape((1, -1)) if out.ndim == 1 else out
+            n = spectrum.shape[-1]
+            if n == self.half:  # nothing to pad: the row as it lies (1.5-3 ms less at 32 x 361 x 720)
+                for k in range(rows):
+                    ducc0.fft.c2r(spectrum[..., k, :], out=target[..., k, :], **options)
+                return
+            row = self._workspace.scratch("row", spectrum, math.prod(spectrum.shape[:-2]) * self.half)
+            row = row.reshape(spectrum.shape[:-2] + (self.half,))
+            row[..., n:] = 0
+            for k in range(rows):
+                row[..., :n] = spectrum[..., k, :]
+                ducc0.fft.c2r(row, out=target[..., k, :], **options)
+        elif _numpy_out(spectrum, out) and out.dtype == self.real:
+            numpy.fft.irfft(spectrum, n=self.nlon, axis=-1, norm=norm, out=out)
+        else:
+            out[...] = backend.array_module(spectrum).fft.irfft(spectrum, n=self.nlon, axis=-1, norm=norm)
+
+    def abilities(self, direction):
+        if self._takes_real(direction):
+            return Abilities()
+        # a spectrum held batch-innermost is read row by row anyway: a short one is padded in that copy
+        consume = None if self.synthesis else functools.partial(self._run_consuming, direction)
+        return Abilities(pads_short_input_in=frozenset({BATCH_INNERMOST}), consume=consume)
+
+    def _run(self, direction, x, out, context):
+        if self._takes_real(direction):
+            if self.synthesis:  # adjoint of the synthesis: c rfft(x), unnormalised
+                self._rfft(x, "backward", out)
+                out *= self.multiplicity(out)
+            else:  # analysis: rfft(x) / nlon
+                self._rfft(x, "forward", out)
+            return
+        if self.synthesis:  # synthesis: irfft unnormalised
+            self._irfft(x, "forward", out)
+            return
+        # adjoint of the analysis: irfft(Y / c) / nlon
+        scratch = self._workspace.scratch("divided", x, x.size).reshape(x.shape)
+        scratch[...] = x
+        self._run_consuming(direction, scratch, out, context)
+
+    def _run_consuming(self, direction, x, out, context, nonzero=None):
+        """:meth:`_run` allowed to overwrite ``x`` (a pipeline's own buffer), whose orders from ``nonzero`` on are 0.
+
+        Only the adjoint of the analysis gains: it divides by ``c_m`` in place
+        instead of in a copy.
+        """
+        if self.synthesis or self._takes_real(direction):
+            self._run(direction, x, out, context)
+            return
+        nonzero = min(self.half if nonzero is None else nonzero, x.shape[-1])
+        x[..., 1:nonzero] /= self.multiplicity(x)[1:nonzero]
+        self._irfft(x, "backward", out)
+
+
+class Truncation(LocalStage):
+    """Keep ``mmax`` of ``half`` orders: ``forward`` a restriction, ``adjoint`` zero padding.
+
+    Parameters
+    ----------
+    mmax, half : int
+    layout : Layout
+    orders : int array, optional
+        The orders kept, in the order the output holds them (a permutation
+        of ``0 .. mmax - 1``: the balanced order layout puts each azimuth
+        rank's orders together). Default: the first ``mmax`` in order.
+
+    Notes
+    -----
+    Without ``orders``, in a pipeline the restriction is a view and the
+    padding lets the previous stage write straight into the padded buffer
+    (see :meth:`abilities`): no copy. With a permutation both are a
+    gather/scatter.
+    """
+
+    _per_rank = ("orders",)  # this azimuth rank's orders (balanced layout)
+
+    def __init__(self, mmax, half, layout, orders=None):
+        super().__init__(layout)
+        self.mmax, self.half = mmax, half
+        if orders is not None:
+            orders = numpy.asarray(orders, dtype=numpy.int64)
+            if sorted(orders.tolist()) != list(range(mmax)):
+                raise ValueError(f"Truncation: orders must be a permutation of 0 .. {mmax - 1}")
+            if numpy.array_equal(orders, numpy.arange(mmax)):
+                orders = None
+        self.orders = orders
+        self._inverse = None if orders is None else numpy.argsort(orders)
+        self._device = {}
+
+    @property
+    def permuted(self):
+        """Whether the kept orders are reordered (then no view/embed shortcuts)."""
+        return self.orders is not None
+
+    def _output(self, direction, spec):
+        n_in, n_out = (self.half, self.mmax) if direction == FORWARD else (self.mmax, self.half)
+        if not spec.shape or spec.shape[-1] != n_in:
+            raise InputError(f"expected {n_in} orders in the last axis, got shape {spec.shape}")
+        return spec.but(shape=spec.shape[:-1] + (n_out,)), spec.describe()
+
+    def _shapes(self, lead):
+        return lead + (self.half,), lead + (self.mmax,)
+
+    def _index(self, like, which):
+        """The kept orders (``which=0``) or their inverse permutation (1), where ``like`` lives."""
+        return backend.on_device_of(like, self.orders if which == 0 else self._inverse, self._device, which)
+
+    @staticmethod
+    def _take(x, index, out):
+        """``out = x[..., index]`` without a temporary (a fresh 10-100 MB one costs its page faults)."""
+        if isinstance(x, numpy.ndarray):
+            numpy.take(x, index, axis=-1, out=out, mode="clip")  # "clip": unbuffered; the index is valid
+        else:
+            backend.array_module(x).take(x, index, axis=-1, out=out)
+
+    def _run(self, direction, x, out, context):
+        if direction == FORWARD:
+            if self.permuted:
+                self._take(x, self._index(x, 0), out)
+            else:
+                out[...] = x[..., :self.mmax]
+        else:
+            out[..., self.mmax:] = 0
+            if self.permuted:  # out[..., orders] = x, as a gather by the inverse permutation (faster than a scatter)
+                self._take(x, self._index(x, 1), out[..., :self.mmax])
+            else:
+                out[..., :self.mmax] = x
+
+    def abilities(self, direction):
+        if self.permuted:
+            return Abilities()
+        if direction == FORWARD:
+            return Abilities(view=self.view)
+        return Abilities(embed=self.embed, kept=self.mmax)
+
+    def view(self, x):
+        """The forward result as a view of ``x`` (not permuted only)."""
+        return x[..., :self.mmax]
+
+    def embed(self, padded):
+        """Zero the padding of ``padded``; returns the view the adjoint's input must be written into."""
+        padded[..., self.mmax:] = 0
+        return padded[..., :self.mmax]
