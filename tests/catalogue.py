@@ -27,7 +27,7 @@ SWE_NLAT, SWE_NLON = 12, 24  # the tangent-linear model's grid (Gauss): small, e
 
 def host_only(op):
     """Operators that take host arrays only (the tangent-linear model's trajectory lives on the host)."""
-    return type(op).__name__ == "TangentLinearModel"
+    return type(op).__name__ in ("TangentLinearModel", "LinearisedProducts")
 
 
 def operators(grid):
@@ -69,5 +69,6 @@ def operators(grid):
         (Identity(tile_layout, (h, w)), (2,), numpy.float64, local),
         (Diagonal(numpy.linspace(0.5, 1.5, h * w).reshape(h, w), tile_layout), (2,), numpy.float64, local),
         (tangent_linear, (), tangent_linear.dtype, local),
+        (tangent_linear.products[1], (2,), numpy.float64, local),  # its hand-linearised products
     ]
     return [(op, random_array(rng, op.domain_shape(lead), dtype)) for op, lead, dtype, rng in cases]

@@ -20,12 +20,12 @@ pytestmark = pytest.mark.mpi
 def test_the_catalogue_covers_every_public_operator(grid):
     """Every public operator class has an entry, so the staging and GPU tests run it (a new one fails here)."""
     import mpisphere
-    from mpisphere.examples.tangent_linear import TangentLinearModel
+    from mpisphere.examples.tangent_linear import LinearisedProducts, TangentLinearModel
     from mpisphere.operators import LinearOperator
     from mpisphere.sht.calculus import DegreeDiagonal
     public = {getattr(mpisphere, name) for name in mpisphere.__all__}
     classes = {c for c in public if isinstance(c, type) and issubclass(c, LinearOperator)}
-    classes |= {DegreeDiagonal, TangentLinearModel}
+    classes |= {DegreeDiagonal, TangentLinearModel, LinearisedProducts}
     classes.discard(LinearOperator)  # the base class itself
     catalogued = {type(op) for op, _ in operators(grid)}
     missing = sorted(c.__name__ for c in classes if not any(issubclass(t, c) for t in catalogued))

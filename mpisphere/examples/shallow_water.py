@@ -11,10 +11,16 @@ is reduced over the grid, so a torch-harmonics script ports by changing its
 imports and passing a grid. The model gives the same state on every grid,
 up to rounding.
 
-Time stepping: third-order Adams-Bashforth, started with forward Euler and
-second-order Adams-Bashforth, with implicit hyperdiffusion on vorticity and
-divergence (an e-folding time of one hour at the highest degree, applied
-half a step).
+The model is written with the library's operators: the transforms, and
+the spectral calculus (:mod:`mpisphere.sht.calculus`: winds to vorticity and
+divergence and back, the Laplacian, the hyperdiffusion), so its
+tangent-linear and adjoint (:mod:`.tangent_linear`) use the same operators
+and their ``.H``.
+
+Time stepping (:mod:`.time_stepping`, shared with the tangent-linear and
+adjoint): third-order Adams-Bashforth, started as torch-harmonics starts
+it, with implicit hyperdiffusion on vorticity and divergence (an e-folding
+time of one hour at the highest degree, applied half a step).
 
 Initial conditions: Galewsky et al. (2004)'s barotropically unstable jet
 (:meth:`galewsky_initial_condition`), Williamson et al. (1992)'s test case 2,
@@ -30,7 +36,8 @@ import numpy
 from ..agreement import Described, agree_construction
 from ..primitives import GatherFrom, ReduceFrom
 from ..sht import calculus
-from .tangent_linear import TangentLinearModel, adams_bashforth
+from . import time_stepping
+from .tangent_linear import TangentLinearModel
 from ..quadrature import latitudes
 from ..sht import (DistributedInverseRealSHT, DistributedInverseRealVectorSHT, DistributedRealSHT,
                    DistributedRealVectorSHT)
@@ -69,7 +76,15 @@ class ShallowWaterSolver(Described):
         ``2 omega sin(lat)`` on the tile rows.
     lap, invlap, hyperdiff : ndarray, shape ``(l_loc, m_loc)``
         The Laplacian, its inverse (0 at ``l = 0``) and the hyperdiffusion
-        factor on this rank's block.
+        factor on this rank's block (torch-harmonics' arrays; the model
+        itself applies the operators below).
+    laplacian, inverse_laplacian, hyperdiffusion : LinearOperator
+        The same as operators on coefficient blocks
+        (:func:`~mpisphere.sht.calculus.laplacian` and its neighbours).
+    uv_to_vrtdiv, vrtdiv_to_uv : LinearOperator
+        Winds ``(..., 2, h, w)`` to the coefficients of vorticity and
+        divergence ``(..., 2, l_loc, m_loc)`` and back
+        (:mod:`mpisphere.sht.calculus`).
     quad_weights : ndarray, shape ``(h, 1)``
         Quadrature weights of the tile rows (for ``x = cos(theta)``).
 
@@ -114,15 +129,16 @@ class ShallowWaterSolver(Described):
         l = self.sht.local_degrees.astype(float)[:, None] * numpy.ones(self.sht.block_shape)
         m = self.sht.local_orders[None, :] * numpy.ones(self.sht.block_shape)
         self.l, self.m = l, m
-        self.lap = -l * (l + 1) / self.radius ** 2
-        self.invlap = numpy.zeros_like(l)
-        self.invlap[l > 0] = -self.radius ** 2 / (l[l > 0] * (l[l > 0] + 1))
-        top = -(self.lmax - 1) * self.lmax / self.radius ** 2
-        self.hyperdiff = numpy.exp((-self.dt / 2 / 3600.0) * (self.lap / top) ** 4)
         self.triangle = (m <= l).astype(float)  # torch.tril on the block: orders above the degree are zero
 
+        self.laplacian = calculus.laplacian(self.sht, self.radius)
+        self.hyperdiffusion = calculus.hyperdiffusion(self.sht, self.dt)
         self.uv_to_vrtdiv = calculus.uv_to_vrtdiv(self.vsht, self.radius)
         self.vrtdiv_to_uv = calculus.vrtdiv_to_uv(self.ivsht, self.radius)
+        self.lap = self.laplacian.weights
+        self.inverse_laplacian = calculus.inverse_laplacian(self.sht, self.radius)
+        self.invlap = self.inverse_laplacian.weights
+        self.hyperdiff = self.hyperdiffusion.weights
         self._sum = ReduceFrom(grid.cart)                 # integrals: sums over the ranks, agreed like any call
         self._each = GatherFrom(grid.cart, 0, grid.size)  # one number from every rank (the largest vorticity)
 
@@ -138,11 +154,11 @@ class ShallowWaterSolver(Described):
 
     def vrtdivspec(self, ugrid):
         """Winds ``(..., 2, h, w)`` -> coefficients of vorticity and divergence ``(..., 2, l_loc, m_loc)``."""
-        return self.lap * self.radius * self.vsht.forward(ugrid)
+        return self.uv_to_vrtdiv.forward(ugrid)
 
     def getuv(self, vrtdivspec):
         """Coefficients of vorticity and divergence -> winds ``(..., 2, h, w)``."""
-        return self.ivsht.forward(self.invlap * vrtdivspec / self.radius)
+        return self.vrtdiv_to_uv.forward(vrtdivspec)
 
     def gethuv(self, uspec):
         """Geopotential and winds on the grid, ``(3, h, w)``."""
@@ -191,29 +207,33 @@ class ShallowWaterSolver(Described):
         dudtspec = numpy.empty_like(uspec)
         dudtspec[0] = -tmpspec[1, 1]
         dudtspec[1] = -tmpspec[0, 1]
-        dudtspec[2] = tmpspec[0, 0] - self.lap * energy
+        dudtspec[2] = tmpspec[0, 0] - self.laplacian.forward(energy)
         return dudtspec, numpy.stack([ugrid[0], absvort, uvgrid[0], uvgrid[1]])
 
     def timestep(self, uspec, nsteps):
         """Integrate ``nsteps`` steps: Adams-Bashforth 3 (started as torch-harmonics starts it), hyperdiffusion.
 
-        See :func:`~mpisphere.examples.tangent_linear.adams_bashforth` for the
-        weights of each step; the hyperdiffusion is implicit, on vorticity and
-        divergence.
+        See :mod:`~mpisphere.examples.time_stepping` for the weights of each
+        step; the hyperdiffusion is implicit, on vorticity and divergence.
         """
         return self._integrate(uspec, nsteps, None)
 
+    def diffuse(self, uspec):
+        """The implicit hyperdiffusion of one step on vorticity and divergence, in place; returns ``uspec``.
+
+        Its own adjoint (a real diagonal): the adjoint model applies
+        ``hyperdiffusion.H`` in the same place.
+        """
+        uspec[..., 1:, :, :] = self.hyperdiffusion.forward(uspec[..., 1:, :, :])
+        return uspec
+
     def _integrate(self, uspec, nsteps, trajectory):
-        tendencies = {}
-        for n in range(nsteps):
-            tendencies[n], fields = self._tendency(uspec)
+        def tendency(n, state):
+            dudt, fields = self._tendency(state)
             if trajectory is not None:
                 trajectory.append(fields)
-            increment = sum(weight * tendencies[n - lag] for lag, weight in adams_bashforth(n))
-            uspec = uspec + self.dt * increment
-            uspec[1:] = self.hyperdiff * uspec[1:]
-            tendencies.pop(n - 2, None)
-        return uspec
+            return dudt
+        return time_stepping.integrate(uspec, nsteps, self.dt, tendency, self.diffuse)
 
     def linearize(self, uspec, nsteps):
         """The tangent-linear model along ``timestep(uspec, nsteps)``, with its adjoint: a LinearOperator.
@@ -243,7 +263,7 @@ class ShallowWaterSolver(Described):
         tmp = ugrid * (vrtdivgrid + self.coriolis)
         tmpspec = self.vrtdivspec(tmp)
         tmpspec[1] = self.grid2spec(0.5 * numpy.sum(ugrid ** 2, axis=0))
-        phispec = self.invlap * tmpspec[0] - tmpspec[1] + self.grid2spec(geopotential)
+        phispec = self.inverse_laplacian.forward(tmpspec[0]) - tmpspec[1] + self.grid2spec(geopotential)
         uspec = numpy.zeros((3,) + self.sht.block_shape, dtype=vrtdivspec.dtype)
         uspec[0] = phispec
         uspec[1:] = vrtdivspec

@@ -3,20 +3,19 @@
 :meth:`ShallowWaterSolver.linearize` returns a :class:`TangentLinearModel`:
 ``forward(du)`` integrates the tangent-linear (TL) model along a stored
 trajectory, ``adjoint(au)`` its exact adjoint (AD), both from this rank's
-block ``(..., 3, l_loc, m_loc)`` to this rank's block. They are written by
-hand from the model's pieces, each of which has its adjoint in mpisphere:
-the scalar and vector transforms, the diagonal spectral operators, and the
-pointwise products of the nonlinear terms, linearised about the trajectory.
+block ``(..., 3, l_loc, m_loc)`` to this rank's block.
 
-The time scheme is a linear recurrence. With ``D`` the hyperdiffusion
-(identity on the geopotential) and ``F_n`` the Jacobian of the tendency at
-step ``n``, the model of :meth:`ShallowWaterSolver.timestep` is
-``u_{n+1} = D (u_n + dt sum_j c_{n,j} f(u_{n-j}))`` (:func:`adams_bashforth`
-gives the ``c``), so the TL is ``du_{n+1} = D (du_n + dt sum_j c_{n,j}
-F_{n-j} du_{n-j})`` and the AD runs it backwards, applying each ``F_k^T``
-once to the sum of what the three steps that used ``F_k du_k`` send back.
-A TL or AD step costs one linearised tendency: the same nine transform
-calls' worth as a nonlinear step, plus pointwise products.
+The linearised tendency ``F_n`` is the model's own chain of operators
+(the scalar and vector transforms, the calculus operators of
+:mod:`mpisphere.sht.calculus`) around the pointwise products of the
+nonlinear terms linearised about step ``n``'s fields
+(:class:`LinearisedProducts`, the one piece written by hand, with its own
+adjoint and dot test). The adjoint ``F_n^T`` applies the same operators'
+``.H`` in reverse order. The time scheme is
+:mod:`~mpisphere.examples.time_stepping`'s, whose adjoint runs the
+recurrence backwards. A TL or AD step costs one linearised tendency: the
+same nine transform calls' worth as a nonlinear step, plus pointwise
+products.
 
 The trajectory is stored, not recomputed: per step, the geopotential, the
 absolute vorticity and the two wind components on this rank's tile, four
@@ -28,24 +27,67 @@ second nonlinear run; at these sizes memory is not the limit.
 import numpy
 
 from ..operators import DISTRIBUTED, FORWARD, InputError, Layout, LinearOperator
+from . import time_stepping
 
-__all__ = ["TangentLinearModel", "adams_bashforth"]
+__all__ = ["TangentLinearModel", "LinearisedProducts"]
 
 
-def adams_bashforth(step):
-    """``[(lag, weight)]`` of the tendencies that step ``step`` adds (times ``dt``).
+class LinearisedProducts(LinearOperator):
+    """The shallow-water model's pointwise products, linearised about one step's fields.
 
-    Third-order Adams-Bashforth from step 2 on; steps 0 and 1 are
-    torch-harmonics' start (its ``timestep``): forward Euler, then the AB3
-    weights with the missing oldest tendency replaced by the newest,
-    ``28/12 f_1 - 16/12 f_0`` (first-order, not the AB2 ``3/2, -1/2`` its
-    comment names; kept so that the two models agree).
+    With ``phi``, ``eta`` (absolute vorticity), ``u``, ``v`` the fields of
+    the trajectory, ``forward`` maps the perturbation ``(dphi, dzeta, du,
+    dv)`` on this rank's tile to the perturbations of the five products the
+    tendency transforms::
+
+        (du eta + u dzeta, dv eta + v dzeta,     vorticity flux
+         du phi + u dphi,  dv phi + v dphi,      geopotential flux
+         dphi + u du + v dv)                     energy
+
+    Parameters
+    ----------
+    fields : ndarray, ``(4, h, w)``
+        ``phi``, ``eta``, ``u``, ``v`` on this rank's tile (real).
+    layout : Layout
+        The grid's distributed layout (the inner product sums over its ranks).
+
+    Notes
+    -----
+    ``forward``: ``(..., 4, h, w)`` -> ``(..., 5, h, w)``; ``adjoint`` its
+    transpose (the fields are real, the products pointwise). Local: no
+    communication, no agreement.
     """
-    if step == 0:
-        return [(0, 1.0)]
-    if step == 1:
-        return [(0, 28.0 / 12.0), (1, -16.0 / 12.0)]
-    return [(0, 23.0 / 12.0), (1, -16.0 / 12.0), (2, 5.0 / 12.0)]
+
+    _per_rank = ("fields",)  # this rank's tile
+
+    def __init__(self, fields, layout):
+        self.fields = fields
+        self.domain = self.range = layout
+
+    def _output(self, direction, spec):
+        n_in, n_out = (4, 5) if direction == FORWARD else (5, 4)
+        core = tuple(self.fields.shape[-2:])
+        if spec.shape[-3:] != (n_in,) + core or spec.dtype != self.fields.dtype or spec.device:
+            raise InputError(f"expected (..., {n_in}, {core[0]}, {core[1]}) {self.fields.dtype.name} on the host, "
+                             f"got {spec.shape} {spec.dtype.name}{' on a device' if spec.device else ''}")
+        return spec.but(shape=spec.shape[:-3] + (n_out,) + core), spec.describe(masked=(-2, -1))
+
+    def _shapes(self, lead):
+        core = tuple(self.fields.shape[-2:])
+        return lead + (4,) + core, lead + (5,) + core
+
+    def _run(self, direction, x, out, context):
+        phi, eta, uv = self.fields[0], self.fields[1], self.fields[2:]
+        if direction == FORWARD:
+            dphi, dzeta, duv = x[..., 0:1, :, :], x[..., 1:2, :, :], x[..., 2:, :, :]
+            out[..., 0:2, :, :] = duv * eta + uv * dzeta
+            out[..., 2:4, :, :] = duv * phi + uv * dphi
+            out[..., 4, :, :] = x[..., 0, :, :] + numpy.sum(uv * duv, axis=-3)
+        else:
+            avort, aphi, aenergy = x[..., 0:2, :, :], x[..., 2:4, :, :], x[..., 4, :, :]
+            out[..., 0, :, :] = aenergy + numpy.sum(uv * aphi, axis=-3)
+            out[..., 1, :, :] = numpy.sum(uv * avort, axis=-3)
+            out[..., 2:, :, :] = avort * eta + aphi * phi + uv * aenergy[..., None, :, :]
 
 
 class TangentLinearModel(LinearOperator):
@@ -81,6 +123,7 @@ class TangentLinearModel(LinearOperator):
         self._comm = solver.grid.cart
         self.block = (3,) + tuple(solver.sht.block_shape)
         self.dtype = numpy.dtype(solver.sht.cdtype)
+        self.products = [LinearisedProducts(fields, self.domain) for fields in trajectory]
 
     def _output(self, direction, spec):
         if spec.shape[-3:] != self.block or spec.dtype != self.dtype or spec.device:
@@ -101,31 +144,15 @@ class TangentLinearModel(LinearOperator):
 
     # --- the time loop ----------------------------------------------------------------------------
 
-    def _diffuse(self, u):
-        u[..., 1:, :, :] *= self.solver.hyperdiff
-        return u
-
     def _tl(self, du):
-        dt = self.solver.dt
-        du = numpy.array(du, copy=True)
-        tendencies = {}
-        for n in range(self.nsteps):
-            tendencies[n] = self._jacobian(n, du)
-            increment = sum(weight * tendencies[n - lag] for lag, weight in adams_bashforth(n))
-            du = self._diffuse(du + dt * increment)
-            tendencies.pop(n - 2, None)
-        return du
+        return time_stepping.integrate(du, self.nsteps, self.solver.dt, self._jacobian, self.solver.diffuse)
 
     def _ad(self, au):
-        dt = self.solver.dt
-        a = numpy.array(au, copy=True)
-        pending = {}  # step k -> what the steps that used F_k du_k send back to it
-        for n in range(self.nsteps - 1, -1, -1):
-            w = self._diffuse(a)  # D^T a_{n+1} (D is diagonal and real); a is not used again
-            for lag, weight in adams_bashforth(n):
-                contribution = (dt * weight) * w
-                pending[n - lag] = pending[n - lag] + contribution if n - lag in pending else contribution
-            a = w + self._jacobian_adjoint(n, pending.pop(n))
+        return time_stepping.integrate_adjoint(au, self.nsteps, self.solver.dt, self._jacobian_adjoint,
+                                               self._diffuse_adjoint)
+
+    def _diffuse_adjoint(self, a):
+        a[..., 1:, :, :] = self.solver.hyperdiffusion.H.forward(a[..., 1:, :, :])
         return a
 
     # --- one linearised tendency ------------------------------------------------------------------
@@ -133,37 +160,32 @@ class TangentLinearModel(LinearOperator):
     def _jacobian(self, n, du):
         """``F_n du``: the tendency of :meth:`ShallowWaterSolver.dudtspec` linearised at step ``n``."""
         s = self.solver
-        phi, absvort, uv = self.trajectory[n][0], self.trajectory[n][1], self.trajectory[n][2:]
-        fields = s.spec2grid(du[..., :2, :, :])             # d phi, d zeta
-        duv = s.getuv(du[..., 1:, :, :])                    # d u, d v
-        dphi, dzeta = fields[..., 0:1, :, :], fields[..., 1:2, :, :]
-        fluxes = numpy.stack([duv * absvort + uv * dzeta, duv * phi + uv * dphi], axis=-4)
-        tmpspec = s.vrtdivspec(fluxes)                      # (..., 2, 2, l, m)
-        energy = s.grid2spec(fields[..., 0, :, :] + numpy.sum(uv * duv, axis=-3))
+        lead, tile = du.shape[:-3], s.sht.tile_shape
+        perturbation = numpy.empty(lead + (4,) + tile, dtype=s.sht.dtype)
+        perturbation[..., :2, :, :] = s.isht.forward(du[..., :2, :, :])          # d phi, d zeta
+        perturbation[..., 2:, :, :] = s.vrtdiv_to_uv.forward(du[..., 1:, :, :])   # d u, d v
+        products = self.products[n].forward(perturbation)
+        fluxes = s.uv_to_vrtdiv.forward(products[..., :4, :, :].reshape(lead + (2, 2) + tile))  # (..., 2, 2, l, m)
+        energy = s.laplacian.forward(s.sht.forward(products[..., 4, :, :]))
         out = numpy.empty_like(du)
-        out[..., 0, :, :] = -tmpspec[..., 1, 1, :, :]
-        out[..., 1, :, :] = -tmpspec[..., 0, 1, :, :]
-        out[..., 2, :, :] = tmpspec[..., 0, 0, :, :] - s.lap * energy
+        out[..., 0, :, :] = -fluxes[..., 1, 1, :, :]
+        out[..., 1, :, :] = -fluxes[..., 0, 1, :, :]
+        out[..., 2, :, :] = fluxes[..., 0, 0, :, :] - energy
         return out
 
     def _jacobian_adjoint(self, n, a):
-        """``F_n^T a``, the adjoint of :meth:`_jacobian` in the real inner product, step by step backwards."""
+        """``F_n^T a``: the operators of :meth:`_jacobian`, each as its ``.H``, in reverse order."""
         s = self.solver
-        phi, absvort, uv = self.trajectory[n][0], self.trajectory[n][1], self.trajectory[n][2:]
-        lead = a.shape[:-3]
-        atmp = numpy.zeros(lead + (2, 2) + a.shape[-2:], dtype=a.dtype)
-        atmp[..., 1, 1, :, :] = -a[..., 0, :, :]
-        atmp[..., 0, 1, :, :] = -a[..., 1, :, :]
-        atmp[..., 0, 0, :, :] = a[..., 2, :, :]
-        aenergy = s.sht.adjoint(-s.lap * a[..., 2, :, :])              # (..., h, w)
-        afluxes = s.vsht.adjoint(s.lap * s.radius * atmp)              # (..., 2, 2, h, w)
-        avort_flux, aphi_flux = afluxes[..., 0, :, :, :], afluxes[..., 1, :, :, :]
-        afields = numpy.empty(lead + (2,) + aenergy.shape[-2:], dtype=aenergy.dtype)
-        afields[..., 0, :, :] = aenergy + numpy.sum(uv * aphi_flux, axis=-3)
-        afields[..., 1, :, :] = numpy.sum(uv * avort_flux, axis=-3)
-        aduv = avort_flux * absvort + aphi_flux * phi + uv * aenergy[..., None, :, :]
+        lead, tile = a.shape[:-3], s.sht.tile_shape
+        afluxes = numpy.zeros(lead + (2, 2) + a.shape[-2:], dtype=a.dtype)
+        afluxes[..., 1, 1, :, :] = -a[..., 0, :, :]
+        afluxes[..., 0, 1, :, :] = -a[..., 1, :, :]
+        afluxes[..., 0, 0, :, :] = a[..., 2, :, :]
+        aproducts = numpy.empty(lead + (5,) + tile, dtype=s.sht.dtype)
+        aproducts[..., :4, :, :] = s.uv_to_vrtdiv.H.forward(afluxes).reshape(lead + (4,) + tile)
+        aproducts[..., 4, :, :] = s.sht.H.forward(s.laplacian.H.forward(-a[..., 2, :, :]))
+        aperturbation = self.products[n].H.forward(aproducts)
         out = numpy.zeros_like(a)
-        out[..., :2, :, :] = s.isht.adjoint(afields)
-        out[..., 1:, :, :] += (s.invlap / s.radius) * s.ivsht.adjoint(aduv)
+        out[..., :2, :, :] = s.isht.H.forward(aperturbation[..., :2, :, :])
+        out[..., 1:, :, :] += s.vrtdiv_to_uv.H.forward(aperturbation[..., 2:, :, :])
         return out
-

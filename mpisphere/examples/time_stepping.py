@@ -1,0 +1,82 @@
+"""The shallow-water model's time scheme, one module for the model, its tangent-linear and its adjoint.
+
+The scheme is torch-harmonics' (its 0.9.3 shallow-water example): third-order
+Adams-Bashforth started with forward Euler and a first-order second step,
+then an implicit diffusion ``D``::
+
+    u_{n+1} = D (u_n + dt sum_j c_{n,j} f(u_{n-j}))
+
+with the weights ``c`` of :func:`adams_bashforth`. The nonlinear model and
+its tangent-linear run :func:`integrate` (with ``f`` the tendency or its
+Jacobian at step ``n``); the adjoint runs :func:`integrate_adjoint`, the
+same recurrence transposed: backwards in time, applying each step's
+``F_k^T`` once to the sum of what the (up to three) steps that used
+``F_k du_k`` send back.
+"""
+
+__all__ = ["adams_bashforth", "integrate", "integrate_adjoint"]
+
+
+def adams_bashforth(step):
+    """``[(lag, weight)]`` of the tendencies that step ``step`` adds (times ``dt``).
+
+    Third-order Adams-Bashforth from step 2 on; steps 0 and 1 are
+    torch-harmonics' start (its ``timestep``): forward Euler, then the AB3
+    weights with the missing oldest tendency replaced by the newest,
+    ``28/12 f_1 - 16/12 f_0`` (first-order, not the AB2 ``3/2, -1/2`` its
+    comment names; kept so that the two models agree).
+    """
+    if step == 0:
+        return [(0, 1.0)]
+    if step == 1:
+        return [(0, 28.0 / 12.0), (1, -16.0 / 12.0)]
+    return [(0, 23.0 / 12.0), (1, -16.0 / 12.0), (2, 5.0 / 12.0)]
+
+
+def integrate(state, nsteps, dt, tendency, diffuse):
+    """``nsteps`` steps of the scheme from ``state``; returns the final state.
+
+    Parameters
+    ----------
+    state : ndarray
+        The state at step 0 (not modified).
+    nsteps : int
+    dt : float
+    tendency : callable
+        ``tendency(n, u_n)``: ``f(u_n)`` (the model) or ``F_n du_n`` (the
+        tangent-linear model), a new array.
+    diffuse : callable
+        ``diffuse(u)``: ``D u``, in place on ``u`` (an array of this
+        function's own), returning it.
+    """
+    tendencies = {}
+    for n in range(nsteps):
+        tendencies[n] = tendency(n, state)
+        increment = sum(weight * tendencies[n - lag] for lag, weight in adams_bashforth(n))
+        state = diffuse(state + dt * increment)
+        tendencies.pop(n - 2, None)
+    return state
+
+
+def integrate_adjoint(adjoint, nsteps, dt, tendency_adjoint, diffuse_adjoint):
+    """The adjoint of :func:`integrate`'s linear recurrence (the tangent-linear one) applied to ``adjoint``.
+
+    Parameters
+    ----------
+    adjoint : ndarray
+        The adjoint variable at step ``nsteps`` (not modified).
+    tendency_adjoint : callable
+        ``tendency_adjoint(n, a)``: ``F_n^T a``, a new array.
+    diffuse_adjoint : callable
+        ``diffuse_adjoint(a)``: ``D^T a``, in place on ``a`` (an array of this
+        function's own), returning it.
+    """
+    a = adjoint.copy()
+    pending = {}  # step k -> what the steps that used F_k du_k send back to it
+    for n in range(nsteps - 1, -1, -1):
+        w = diffuse_adjoint(a)  # D^T a_{n+1}; a is not used again
+        for lag, weight in adams_bashforth(n):
+            contribution = (dt * weight) * w
+            pending[n - lag] = pending[n - lag] + contribution if n - lag in pending else contribution
+        a = w + tendency_adjoint(n, pending.pop(n))
+    return a
