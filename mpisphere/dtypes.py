@@ -7,26 +7,38 @@
 * Transforms take float32 or float64 fields and give complex64 or
   complex128 coefficients.
 
+Each role's dtypes are in :data:`ROLES`; :func:`refusal` says why a dtype
+does not fit a role, and :func:`mpisphere.validation.check_dtype` raises it.
 No MPI here: :mod:`mpisphere.collectives` maps these dtypes to MPI types.
 """
 
 import numpy
 
-__all__ = ["SUPPORTED", "TRANSFORM", "unsupported", "reduction_dtype", "complex_of", "real_of"]
+__all__ = ["SUPPORTED", "TRANSFORM", "ROLES", "refusal", "reduction_dtype", "complex_of", "real_of"]
 
 SUPPORTED = tuple(numpy.dtype(d) for d in ("float16", "float32", "float64", "complex64", "complex128"))
 TRANSFORM = tuple(numpy.dtype(d) for d in ("float32", "float64"))
 
+ROLES = {
+    "moved": SUPPORTED,                                    # what the communication operators move and sum
+    "real field": tuple(d for d in SUPPORTED if d.kind == "f"),  # fields interpolated or differenced pointwise
+    "transformed": TRANSFORM,                              # the real side of a transform
+}
+"""The dtypes each role admits."""
 
-def unsupported(dtype):
-    """Why mpisphere cannot move arrays of ``dtype``, or ``None`` if it can."""
+
+def refusal(dtype, role="moved"):
+    """Why ``dtype`` does not fit ``role`` (a key of :data:`ROLES`), or ``None`` if it does."""
     try:
         dtype = numpy.dtype(dtype)
     except TypeError:
         return f"{dtype!r} is not a dtype"
-    if dtype in SUPPORTED:
+    allowed = ROLES[role]
+    if dtype in allowed:
         return None
-    return (f"unsupported dtype {dtype.name}; expected one of " + ", ".join(d.name for d in SUPPORTED)
+    names = [d.name for d in allowed]
+    listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+    return (f"unsupported dtype {dtype.name}; expected {listed}"
             + (" (convert bfloat16 to float32 first)" if "bfloat16" in str(dtype) else ""))
 
 

@@ -19,7 +19,8 @@ from mpi4py import MPI
 from . import backend, collectives, cuda_aware, dtypes
 from .agreement import REFUSED, CallGuard, InputError, agree, raise_everywhere
 from .launch import world_mismatch
-from .partition import check_int, chunk_slice, offsets_of, split_sizes
+from .partition import chunk_slice, offsets_of, split_sizes
+from .validation import check_choice, check_int
 
 __all__ = ["ProcessGrid", "GridComm", "ORDERS"]
 
@@ -76,8 +77,7 @@ def _requested(npolar, nazimuth, order):
     try:
         npolar = None if npolar is None else check_int(npolar, "npolar", "ProcessGrid", minimum=1)
         nazimuth = None if nazimuth is None else check_int(nazimuth, "nazimuth", "ProcessGrid", minimum=1)
-        if order not in ORDERS:
-            raise ValueError(f"ProcessGrid: order must be one of {', '.join(ORDERS)}, got {order!r}")
+        check_choice(order, ORDERS, "order", "ProcessGrid")
     except (TypeError, ValueError) as exc:
         return (repr(npolar), repr(nazimuth), repr(order)), (type(exc).__name__, str(exc))
     return (npolar, nazimuth, order), None
@@ -217,10 +217,7 @@ class ProcessGrid:
         :class:`ProcessGrid`), and the model's own communicator is never
         freed by the grid.
         """
-        try:
-            handle = check_int(handle, "handle", "ProcessGrid.from_fortran")
-        except TypeError:
-            raise TypeError(f"ProcessGrid.from_fortran: handle must be an integer, got {handle!r}") from None
+        handle = check_int(handle, "handle", "ProcessGrid.from_fortran")
         comm = MPI.Intracomm.f2py(handle)
         if comm == MPI.COMM_NULL:
             raise ValueError(f"ProcessGrid.from_fortran: handle {handle} is MPI_COMM_NULL")
@@ -393,8 +390,8 @@ class ProcessGrid:
             raise InputError(f"root {root} must pass an array with at least 2 axes, got {type(field).__name__} "
                              f"{getattr(field, 'shape', '')}".rstrip(), TypeError if not backend.is_array(field)
                              else ValueError)
-        if dtypes.unsupported(field.dtype):
-            raise InputError(f"root {root}'s field: {dtypes.unsupported(field.dtype)}", TypeError)
+        if dtypes.refusal(field.dtype, "moved"):
+            raise InputError(f"root {root}'s field: {dtypes.refusal(field.dtype, 'moved')}", TypeError)
         try:
             self._check_extents(field.shape[-2], field.shape[-1], "scatter")
         except ValueError as exc:
@@ -438,8 +435,8 @@ class ProcessGrid:
                 raise InputError(f"expected this rank's tile, an array with at least 2 axes, got "
                                  f"{type(tile).__name__} {getattr(tile, 'shape', '')}".rstrip(),
                                  ValueError if backend.is_array(tile) else TypeError)
-            if dtypes.unsupported(tile.dtype):
-                raise InputError(dtypes.unsupported(tile.dtype), TypeError)
+            if dtypes.refusal(tile.dtype, "moved"):
+                raise InputError(dtypes.refusal(tile.dtype, "moved"), TypeError)
         except InputError as exc:
             error = exc
         with self._holding(who):

@@ -74,7 +74,8 @@ from . import backend, dtypes
 from .agreement import REFUSED, Context, InputError, NeighbourRound, Spec, agree, agree_construction, \
     call_description, message_buffer, raise_everywhere
 from .operators import ADJOINT, DISTRIBUTED, FORWARD, AdjointOperator, Layout, LinearOperator
-from .partition import check_int, split_sizes
+from .partition import split_sizes
+from .validation import check_int
 from .primitives import GatherFromCopyTo
 from .quadrature import latitudes, rule
 
@@ -302,7 +303,7 @@ class HaloExchange(LinearOperator):
         """This rank's tile ``(h, w)`` for an input of ``spec``; :class:`InputError` when it cannot be used."""
         if len(spec.shape) < 2:
             raise InputError(f"expected an array with at least 2 axes, got shape {spec.shape}", TypeError)
-        problem = dtypes.unsupported(spec.dtype)
+        problem = dtypes.refusal(spec.dtype, "moved")
         if problem:
             raise InputError(problem, TypeError)
         H, W = spec.shape[-2:]

@@ -12,7 +12,7 @@ import ctypes
 
 import numpy
 
-from .partition import check_int
+from .validation import check_int
 
 __all__ = ["array_from_address", "fortran_tile"]
 

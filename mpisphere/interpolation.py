@@ -19,7 +19,7 @@ from . import backend, dtypes
 from .agreement import agree_construction
 from .halo import HaloExchange
 from .operators import DISTRIBUTED, FORWARD, InputError, Layout, LinearOperator
-from .partition import check_int
+from .validation import check_int
 from .quadrature import latitudes, rule
 
 __all__ = ["PointInterpolation"]
@@ -120,8 +120,8 @@ class PointInterpolation(LinearOperator):
         self._comm = grid.cart
 
     def _output(self, direction, spec):
-        if spec.dtype.kind != "f" or dtypes.unsupported(spec.dtype):
-            raise InputError(f"expected real fields of float16, float32 or float64, got {spec.dtype.name}", TypeError)
+        if dtypes.refusal(spec.dtype, "real field"):
+            raise InputError(f"expected real fields: {dtypes.refusal(spec.dtype, 'real field')}", TypeError)
         if direction == FORWARD:
             if spec.shape[-2:] != self.tile:
                 raise InputError(f"expected this rank's tile (..., {self.tile[0]}, {self.tile[1]}), got shape "

@@ -30,6 +30,8 @@ import math
 
 import numpy
 
+from .validation import check_choice
+
 __all__ = ["NORMS", "associated_legendre", "degree_factors"]
 
 NORMS = ("ortho", "schmidt", "four-pi")
@@ -41,8 +43,7 @@ _CHECK_EVERY = 16
 
 
 def _check_norm(norm):
-    if norm not in NORMS:
-        raise ValueError(f"unknown normalisation {norm!r}; choose one of {', '.join(NORMS)}")
+    check_choice(norm, NORMS, "norm")
 
 
 def degree_factors(lmax, norm, inverse):

@@ -834,8 +834,8 @@ class Diagonal(LinearOperator):
         if backend.is_device_array(self.weights) and not spec.device:
             raise InputError("the weights live on a device and the input on the host; move the input "
                              "(cupy.asarray)", TypeError)
-        if dtypes.unsupported(spec.dtype):
-            raise InputError(dtypes.unsupported(spec.dtype), TypeError)
+        if dtypes.refusal(spec.dtype, "moved"):
+            raise InputError(dtypes.refusal(spec.dtype, "moved"), TypeError)
         return spec, spec.describe()
 
     def _run(self, direction, x, out, context):

@@ -10,9 +10,10 @@ CuPy arrays alike (only slicing, reshaping and concatenation are used).
 """
 
 import math
-import operator
 
 import numpy
+
+from .validation import check_int
 
 __all__ = [
     "split_sizes",
@@ -23,25 +24,7 @@ __all__ = [
     "normalize_axis",
     "flatten_leading",
     "unflatten_leading",
-    "check_int",
 ]
-
-
-def check_int(value, name, who=None, minimum=None):
-    """``value`` as an int, or a TypeError/ValueError naming ``name`` (and ``who`` first, when given).
-
-    The one integer check of mpisphere: extents, widths, ranks, axes and
-    counts all pass through it.
-    """
-    prefix = f"{who}: " if who else ""
-    try:
-        value = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{prefix}{name} must be an integer, got {value!r}") from None
-    if minimum is not None and value < minimum:
-        bound = {0: "non-negative", 1: "positive"}.get(minimum, f"at least {minimum}")
-        raise ValueError(f"{prefix}{name} must be {bound}, got {name}={value}")
-    return value
 
 
 def split_sizes(n, parts):

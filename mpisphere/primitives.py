@@ -38,7 +38,8 @@ from mpi4py import MPI
 
 from . import backend, collectives, dtypes
 from .operators import ADJOINT, DISTRIBUTED, FORWARD, REPLICATED, Abilities, InputError, Layout, LinearOperator
-from .partition import check_int, offsets_of, split_sizes
+from .partition import offsets_of, split_sizes
+from .validation import check_int
 
 __all__ = [
     "Transpose",
@@ -62,7 +63,7 @@ def _is_c_contiguous(a):
 
 
 def _check_dtype(spec):
-    problem = dtypes.unsupported(spec.dtype)
+    problem = dtypes.refusal(spec.dtype, "moved")
     if problem:
         raise InputError(problem, TypeError)
 

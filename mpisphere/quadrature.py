@@ -25,7 +25,7 @@ from typing import Callable, Tuple
 
 import numpy
 
-from .partition import check_int
+from .validation import check_choice, check_int
 
 __all__ = [
     "QuadratureRule",
@@ -180,11 +180,8 @@ QUADRATURES = tuple(RULES)
 
 def rule(quadrature):
     """The :class:`QuadratureRule` named ``quadrature`` (or one of its aliases)."""
-    key = str(quadrature).lower()
-    for candidate in RULES.values():
-        if key == candidate.name or key in candidate.aliases:
-            return candidate
-    raise ValueError(f"unknown quadrature grid {quadrature!r}; choose one of {', '.join(QUADRATURES)}")
+    aliases = {alias: r.name for r in RULES.values() for alias in (r.name,) + tuple(r.aliases)}
+    return RULES[check_choice(quadrature, QUADRATURES, "quadrature", aliases=aliases)]
 
 
 def _rule_points(quadrature, nlat, who):

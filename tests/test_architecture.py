@@ -142,11 +142,16 @@ OWN_RULES = {
     "a complex partner of a dtype written out (use dtypes.complex_of)": re.compile(r"result_type\([^)]*complex64"),
     "a real partner of a dtype written out (use dtypes.real_of)": re.compile(r"\.real\.dtype\b"),
     "a hand-written bounded cache (use backend.BoundedCache)": re.compile(r"len\(self\.\w+\) >= \d+"),
+    "a dtype table written out (use dtypes.ROLES and validation.check_dtype)":
+        re.compile(r"dtype(?:\.name)? (?:not )?in \(|dtype must be (?:float|real|complex)"),
+    "an integer check written out (use validation.check_int)": re.compile(r"operator\.index\(|must be an integer"),
+    "a choice check written out (use validation.check_choice)": re.compile(r"must be one of|choose one of"),
 }
-RULE_HOMES = {"dtypes", "backend"}
+RULE_HOMES = {"dtypes", "backend", "validation"}
 
 
-def test_dtype_tables_and_caches_live_in_their_modules():
+def test_dtype_tables_checks_and_caches_live_in_their_modules():
+    """One dtype policy, one validation layer, one bounded cache: the architecture refuses second copies."""
     wrong = []
     for path in sorted(PACKAGE.rglob("*.py")):
         if module_name(path) in RULE_HOMES:
@@ -155,3 +160,18 @@ def test_dtype_tables_and_caches_live_in_their_modules():
             wrong += [f"{path.relative_to(ROOT)}:{number}: {what}" for what, rule in OWN_RULES.items()
                       if rule.search(line)]
     assert not wrong, "\n".join(wrong)
+
+
+def test_the_rules_see_second_copies():
+    """The patterns themselves: each finds the hand-written form it names."""
+    samples = {
+        "a complex partner": "numpy.result_type(d, numpy.complex64)",
+        "a real partner": "x.real.dtype",
+        "a hand-written bounded cache": "if len(self._plans) >= 8:",
+        "a dtype table": "if dtype not in (numpy.float32, numpy.float64):",
+        "an integer check": "n = operator.index(n)",
+        "a choice check": "raise ValueError(f'norm must be one of {NORMS}')",
+    }
+    for start, line in samples.items():
+        found = [what for what, rule in OWN_RULES.items() if rule.search(line)]
+        assert len(found) == 1 and found[0].startswith(start), (line, found)

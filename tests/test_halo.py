@@ -441,7 +441,7 @@ def test_across_the_poles_refuses_what_it_cannot_do(grid):
         HaloExchange(grid, 1, 1, poles="across", quadrature="legendre-gauss")
     with pytest.raises(ValueError, match="needs quadrature="):
         HaloExchange(grid, 1, 1, extents=(NLAT, ACROSS_NLON), poles="across")
-    with pytest.raises(ValueError, match="unknown quadrature grid 'gauss-hermite'"):
+    with pytest.raises(ValueError, match="quadrature must be one of .*got 'gauss-hermite'"):
         HaloExchange(grid, 1, 1, extents=(NLAT, ACROSS_NLON), poles="across", quadrature="gauss-hermite")
     with pytest.raises(ValueError, match="poles must be 'zero' or 'across'"):
         HaloExchange(grid, 1, 1, extents=(NLAT, ACROSS_NLON), poles="mirror")

@@ -81,7 +81,7 @@ def test_equiangular_points():
 
 
 def test_bad_grids():
-    with pytest.raises(ValueError, match="unknown quadrature grid 'gaussian'"):
+    with pytest.raises(ValueError, match="quadrature must be one of .*got 'gaussian'"):
         latitudes(10, "gaussian")
     with pytest.raises(ValueError, match="needs at least 2 latitudes, got 1"):
         clenshaw_curtis(1)

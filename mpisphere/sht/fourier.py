@@ -15,6 +15,7 @@ import numpy
 
 from .. import backend, dtypes
 from ..operators import FORWARD, Abilities, InputError
+from ..validation import check_choice
 from .contraction import BATCH_INNERMOST
 from .pipeline import LocalStage
 
@@ -31,8 +32,7 @@ def resolve_fft(name):
     ducc0's real FFTs into given outputs take about half NumPy's time on one
     core (docs/benchmarks.md); CuPy arrays always use ``cupy.fft``.
     """
-    if name not in FFT_BACKENDS:
-        raise ValueError(f"fft must be one of {', '.join(map(repr, FFT_BACKENDS))}, got {name!r}")
+    check_choice(name, FFT_BACKENDS, "fft")
     if name == "numpy":
         return "numpy"
     try:

@@ -25,7 +25,8 @@ import heapq
 
 import numpy
 
-from ..partition import check_int, split_offsets, split_sizes
+from ..partition import split_offsets, split_sizes
+from ..validation import check_choice, check_int
 
 __all__ = ["ORDER_LAYOUTS", "order_assignment", "order_weights"]
 
@@ -56,8 +57,7 @@ def order_assignment(mmax, lmax, parts, layout="contiguous"):
     mmax = check_int(mmax, "mmax", "order_assignment", minimum=1)
     lmax = check_int(lmax, "lmax", "order_assignment", minimum=1)
     parts = check_int(parts, "parts", "order_assignment", minimum=1)
-    if layout not in ORDER_LAYOUTS:
-        raise ValueError(f"orders must be one of {', '.join(map(repr, ORDER_LAYOUTS))}, got {layout!r}")
+    check_choice(layout, ORDER_LAYOUTS, "orders")
     sizes = split_sizes(mmax, parts)
     if layout == "contiguous" or parts == 1:
         return [numpy.arange(start, start + n, dtype=numpy.int64)

@@ -37,7 +37,8 @@ from .. import backend, dtypes
 from ..legendre import NORMS, degree_factors
 from ..agreement import agree
 from ..operators import DISTRIBUTED, FORWARD, InputError, Layout, LinearOperator, Spec
-from ..partition import check_int, split_offsets, split_sizes
+from ..partition import split_offsets, split_sizes
+from ..validation import check_choice, check_dtype, check_int
 from ..primitives import Transpose
 from ..quadrature import latitudes, rule, truncate_sht
 from . import contraction as kernels
@@ -97,19 +98,14 @@ class _Transform(LinearOperator):
         lmax = None if lmax is None else check_int(lmax, "lmax", who, minimum=1)
         mmax = None if mmax is None else check_int(mmax, "mmax", who, minimum=1)
         self.lmax, self.mmax = truncate_sht(self.nlat, self.nlon, lmax, mmax, self.quadrature)
-        if norm not in NORMS:
-            raise ValueError(f"{who}: unknown norm {norm!r}; choose one of {', '.join(NORMS)}")
-        self.norm, self.csphase = norm, bool(csphase)
-        if contraction not in kernels.METHODS:
-            raise ValueError(f"{who}: contraction must be one of {kernels.METHODS}, got {contraction!r}")
-        self.contraction = contraction
+        self.norm = check_choice(norm, NORMS, "norm", who)
+        self.csphase = bool(csphase)
+        self.contraction = check_choice(contraction, kernels.METHODS, "contraction", who)
         try:
             self.fft = resolve_fft(fft)
         except (ValueError, ImportError) as exc:
             raise type(exc)(f"{who}: {exc}") from None
-        self.dtype = numpy.dtype(dtype)
-        if self.dtype not in dtypes.TRANSFORM:
-            raise TypeError(f"{who}: dtype must be float32 or float64, got {self.dtype}")
+        self.dtype = check_dtype(dtype, "transformed", "dtype", who)
         self.cdtype = dtypes.complex_of(self.dtype)
         half = self.nlon // 2 + 1
         if self.mmax > half:
@@ -122,9 +118,7 @@ class _Transform(LinearOperator):
             if extent < ranks:
                 raise ValueError(f"{who}: the grid is finer than the transform: {ranks} {axis} ranks cannot "
                                  f"split {name}={extent} (each needs at least one); use at most {extent} {axis} ranks")
-        if orders not in ORDER_LAYOUTS:
-            raise ValueError(f"{who}: orders must be one of {', '.join(map(repr, ORDER_LAYOUTS))}, got {orders!r}")
-        self.orders = orders
+        self.orders = check_choice(orders, ORDER_LAYOUTS, "orders", who)
         self._assignment = order_assignment(self.mmax, self.lmax, grid.nazimuth, orders)
         self.theta, self.weights = latitudes(self.nlat, self.quadrature)
         self.tile_shape = grid.local_shape(self.nlat, self.nlon)
