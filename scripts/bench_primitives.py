@@ -113,7 +113,7 @@ def halo_copies(halo, padded):
     The floor a packing exchange cannot go below, measured in the same run as the raw Sendrecv (which sends
     pre-packed buffers and does none of them). Host arrays only.
     """
-    from mpisphere.halo import _copy_runs, _move_runs
+    from mpisphere.halo.plan import copy_runs, move_runs
     plan = halo._plan(padded)
     sends, receives = halo._neighbours
     moves = [m for m in plan.columns + plan.rows]
@@ -123,15 +123,15 @@ def halo_copies(halo, padded):
     def run():
         if c and grid.nazimuth == 1:  # a one-rank ring wraps onto itself
             inner = slice(r, r + h)
-            _move_runs(padded, (inner, slice(w, w + c)), (inner, slice(0, c)))
-            _move_runs(padded, (inner, slice(c, 2 * c)), (inner, slice(c + w, w + 2 * c)))
+            move_runs(padded, (inner, slice(w, w + c)), (inner, slice(0, c)))
+            move_runs(padded, (inner, slice(c, 2 * c)), (inner, slice(c + w, w + 2 * c)))
         for tag, interior, region in moves:
             message, buf = plan.outgoing[tag]
             if buf is not None and tag in sends:
-                _copy_runs(buf, padded, interior)
+                copy_runs(buf, padded, interior)
             message, buf = plan.incoming[tag]
             if buf is not None and tag in receives:
-                _copy_runs(padded, buf, region, into_region=True)
+                copy_runs(padded, buf, region, into_region=True)
         if r and grid.polar_rank == 0:  # past the poles: zeros
             padded[..., :r, :] = 0
         if r and grid.polar_rank == grid.npolar - 1:

@@ -63,6 +63,16 @@ def test_every_module_is_placed_in_the_documented_order():
     assert not stale, f"docs/architecture.md lists modules that do not exist: {stale}"
 
 
+def test_a_long_module_names_its_one_job():
+    """No module above 500 lines unless its row in docs/architecture.md says which one job it holds."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    rows = dict(re.findall(r"^\| *\d+ *\| `([\w.]+)` \|(.*)$", text, flags=re.M))
+    long = {module_name(p): len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py")}
+    wrong = [f"{name} ({lines} lines)" for name, lines in sorted(long.items())
+             if lines > 500 and "(one job:" not in rows.get(name, "")]
+    assert not wrong, "modules over 500 lines whose row does not name their one job: " + ", ".join(wrong)
+
+
 def test_no_module_imports_a_module_below_it():
     order = documented_order()
     rank = {name: i for i, name in enumerate(order)}

@@ -443,7 +443,7 @@ def test_across_the_poles_refuses_what_it_cannot_do(grid):
         HaloExchange(grid, 1, 1, extents=(NLAT, ACROSS_NLON), poles="across")
     with pytest.raises(ValueError, match="quadrature must be one of .*got 'gauss-hermite'"):
         HaloExchange(grid, 1, 1, extents=(NLAT, ACROSS_NLON), poles="across", quadrature="gauss-hermite")
-    with pytest.raises(ValueError, match="poles must be 'zero' or 'across'"):
+    with pytest.raises(ValueError, match="poles must be one of 'zero', 'across'"):
         HaloExchange(grid, 1, 1, extents=(NLAT, ACROSS_NLON), poles="mirror")
     with pytest.raises(ValueError, match="signs apply across the poles"):
         HaloExchange(grid, 1, 1, extents=(NLAT, ACROSS_NLON), signs=(1, -1))

@@ -5,7 +5,7 @@ import pytest
 from numpy.polynomial import legendre as npleg
 
 from mpisphere.partition import split_sizes
-from mpisphere.halo import latitude_support_band, polar_halo_radius
+from mpisphere.geometry import latitude_support_band, polar_halo_radius
 from mpisphere.quadrature import QUADRATURES as GRIDS
 from mpisphere.quadrature import RULES, clenshaw_curtis, exact_degree, latitudes, legendre_gauss, lobatto, rule
 

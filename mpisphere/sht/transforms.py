@@ -39,7 +39,7 @@ from ..agreement import agree
 from ..operators import DISTRIBUTED, FORWARD, InputError, Layout, LinearOperator, Spec
 from ..partition import split_offsets, split_sizes
 from ..validation import check_choice, check_dtype, check_int
-from ..primitives import Transpose
+from ..transpose import Transpose
 from ..quadrature import latitudes, rule, truncate_sht
 from . import contraction as kernels
 from .coupling import VectorCoupling

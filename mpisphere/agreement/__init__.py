@@ -1,0 +1,75 @@
+"""What the ranks compare before they communicate, and how: every strategy of the agreement in one place.
+
+A mistake seen on one rank (a shape, a dtype, a parameter, a failed
+allocation, another operator altogether) must raise the same error on
+every rank that would have communicated with it, and never leave a rank
+waiting. This module holds everything that decides it:
+
+Descriptions
+    What a rank compares is derived from how an object was built, never
+    written by hand: :class:`Described` records every constructor argument
+    of its subclasses (defaults filled in) and :func:`description_of`
+    renders them, numbers by value, arrays by a hash of their bytes (equal
+    NaNs compare equal), grids and communicators by their shape and name,
+    other described objects by their own description. Arguments that
+    legitimately differ between ranks (a rank's own block of weights) are
+    named in the class attribute ``_per_rank`` and described by their kind
+    and number of axes only.
+
+Three strategies
+    * :func:`agree`, over a communicator, before every call of an operator
+      that communicates on it: one ``Allreduce`` (MAX) of six integers (an
+      error flag, two digests and their negations, the CUDA-aware flag);
+      the full descriptions are exchanged only when something differs,
+      then every rank raises the same error naming who has what.
+    * :class:`NeighbourRound`, with the neighbours of a grid, for halo
+      exchanges: the record travels in front of the data (a header of eight
+      integers before every data message, which announces the data's size),
+      so agreeing costs no extra round trip; a rank that finds a mismatch
+      still sends and drains every message of the call, and tells the others
+      in its next headers.
+    * :func:`agree_construction`, once, when an object whose parameters
+      decide who talks to whom (a halo's widths and poles, the points of an
+      interpolation, a model's time step) is built: collective over the
+      object's communicator.
+
+Threads
+    :class:`CallGuard` is the one lock of a grid. A call that finds the
+    grid busy with another thread raises on its rank at once, and the
+    thread that holds the grid runs the refused call's agreement with an
+    error when it finishes, so every other rank raises for that call too and
+    every rank's sequence of calls stays the same. The thread's identity is
+    never part of what is compared.
+
+Only :mod:`mpisphere.collectives` is used to talk to MPI. The package's
+modules: :mod:`.spec`, :mod:`.description`, :mod:`.collective` (over a
+communicator), :mod:`.neighbours` (with the neighbours), :mod:`.guard`
+(threads).
+"""
+
+from .collective import agree, agree_construction, as_exception, differences, raise_everywhere
+from .description import Described, call_description, describe_value, description_of, digest
+from .guard import REFUSED, CallGuard
+from .neighbours import HEADER_BYTES, NeighbourRound, message_buffer
+from .spec import Context, InputError, Spec
+
+__all__ = [
+    "Spec",
+    "InputError",
+    "Context",
+    "Described",
+    "description_of",
+    "describe_value",
+    "digest",
+    "call_description",
+    "agree",
+    "agree_construction",
+    "raise_everywhere",
+    "NeighbourRound",
+    "message_buffer",
+    "HEADER_BYTES",
+    "CallGuard",
+    "REFUSED",
+    "as_exception",
+    "differences",
+]

@@ -1,0 +1,217 @@
+"""The agreement over a communicator: per call (:func:`agree`) or once at construction, and its errors."""
+
+
+import numpy
+from mpi4py import MPI
+
+from .. import collectives, cuda_aware
+from ..settings import config
+from .description import call_description, description_of, digest
+from .spec import Context
+
+
+def differences(texts, ranks=None):
+    """A message naming who has what, when ``texts`` (one per rank) are not all equal; ``""`` otherwise.
+
+    The largest group is named first, so with more than two ranks the odd
+    one out is the rank named alone.
+    """
+    ranks = list(range(len(texts))) if ranks is None else ranks
+    groups = {}
+    for r, text in zip(ranks, texts):
+        groups.setdefault(text, []).append(r)
+    if len(groups) < 2:
+        return ""
+    ordered = sorted(groups.items(), key=lambda item: (-len(item[1]), item[1][0]))
+    parts = [f"{_ranks(rs)} {'has' if len(rs) == 1 else 'have'}: {d}" for d, rs in ordered[:4]]
+    return " | ".join(parts) + (f" | and {len(ordered) - 4} more variants" if len(ordered) > 4 else "")
+
+
+def _ranks(ranks):
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    if ranks == list(range(ranks[0], ranks[-1] + 1)) and len(ranks) > 2:
+        return f"ranks {ranks[0]}-{ranks[-1]}"
+    return "ranks " + ", ".join(map(str, ranks[:8])) + (", ..." if len(ranks) > 8 else "")
+
+
+_KINDS = {"TypeError": TypeError, "RuntimeError": RuntimeError, "MemoryError": MemoryError}
+
+
+def as_exception(who, errors):
+    """One exception from ``(rank, size, kind name, text)`` findings (the same on every rank).
+
+    Ranks with the same finding are named together (``ranks 0-5 of 6: ...``);
+    the first four different findings are quoted. The class is the findings'
+    own when they share one (TypeError, RuntimeError, MemoryError), else
+    ValueError.
+    """
+    kinds = {kind for _, _, kind, _ in errors}
+    cls = _KINDS.get(next(iter(kinds)), ValueError) if len(kinds) == 1 else ValueError
+    size = errors[0][1]
+    groups = {}
+    for r, _, _, text in errors:
+        groups.setdefault(text, []).append(r)
+    items = list(groups.items())
+    shown = " | ".join(f"{_ranks(ranks)} of {size}: {text}" for text, ranks in items[:4])
+    rest = sum(len(ranks) for _, ranks in items[4:])
+    more = f" | and {rest} more rank{'s' if rest > 1 else ''}" if rest else ""
+    return cls(f"{who}: {shown}{more}")
+
+
+# --- over a communicator -------------------------------------------------------------------------------
+
+def _group_id(comm, space):
+    """The space rank of ``comm``'s rank 0: the same on every member of ``comm``, different between groups."""
+    if comm is space:
+        return 0
+    return int(MPI.Group.Translate_ranks(comm.Get_group(), [0], space.Get_group())[0])
+
+
+def agree(comm, who, error, description, spec=None, signature=""):
+    """The agreement step over ``comm``: collective; raises the same error on every rank, or returns.
+
+    Parameters
+    ----------
+    comm : mpi4py.MPI.Comm
+        The ranks about to communicate.
+    who : str
+        ``"Operator.direction"``, the start of every message.
+    error : InputError or None
+        This rank's local finding (bad input, a failed allocation, a refused
+        call).
+    description : str or list of (comm or None, str)
+        What this rank is about to do, in words that are the same on every
+        rank that does the same thing (no rank numbers, split axes masked).
+        A composition gives one part per operator with the communicator the
+        part must agree over: a part on ``comm`` itself must match on every
+        rank, a part on a sub-communicator (``grid.polar`` inside a grid)
+        only within its row or column, a part on ``None`` nowhere.
+    spec : Spec, optional
+        The input's spec: when it lives on a device, the ranks also agree
+        on whether MPI is CUDA-aware.
+    signature : str
+        The operator and call (``"Transpose(...) forward"``), which must
+        match on every rank.
+
+    Returns
+    -------
+    Context
+        The agreed context (staging decision).
+
+    Raises
+    ------
+    The findings' own class (TypeError, ValueError, RuntimeError, MemoryError)
+        On every rank, when any rank had a finding or the descriptions differ.
+    """
+    size = comm.Get_size()
+    parts = [(comm, description)] if isinstance(description, str) else list(description)
+    on_comm = " | ".join(text for c, text in parts if c is comm)
+    kind = "" if spec is None else f" [{spec.dtype.name} on {'device' if spec.device else 'host'}]"
+    here = call_description(f"{signature}: {on_comm}" if on_comm else f"{signature}{kind}")
+    device = spec is not None and spec.device
+    if size == 1 or not config.agreement:
+        if error is not None:
+            raise as_exception(who, [(comm.Get_rank(), size, error.kind.__name__, error.text)])
+        return Context.local(spec)
+    everything = digest(" | ".join(text for _, text in parts))
+    code = digest(here)
+    not_aware = 1 if device and not config.force_staging and not cuda_aware.verdict()[0] else 0
+    flags = numpy.array([0 if error is None else 1, code, -code, everything, -everything, not_aware],
+                        dtype=numpy.int64)
+    collectives.allreduce_max_ints(comm, flags)
+    context = Context(config.force_staging or (device and flags[5] > 0))
+    if flags[0] == 0 and flags[1] == -flags[2] and not config.debug:
+        if flags[3] == -flags[4]:
+            return context
+        # the parts on sub-communicators differ somewhere: they need only agree within their groups
+        if not _groups_disagree(comm, parts):
+            return context
+    everyone = collectives.allgather_object(
+        comm, (None if error is None else (error.kind.__name__, error.text), here,
+               [(None if c is None else (c.Get_name() or "a sub-communicator", _group_id(c, comm)), text)
+                for c, text in parts if c is not comm]))
+    errors = [(r, size, e[0], e[1]) for r, (e, _, _) in enumerate(everyone) if e is not None]
+    if errors:
+        raise as_exception(who, errors)
+    problems = differences([d for _, d, _ in everyone])
+    if not problems:  # the ranks agree here: find the groups of a sub-communicator that do not
+        for index in range(len(everyone[0][2])):
+            group_of = {}
+            for r, (_, _, subparts) in enumerate(everyone):
+                where, text = subparts[index]
+                if where is not None:
+                    group_of.setdefault(where, {})[r] = text
+            for (name, _), members in group_of.items():
+                found = differences([members[r] for r in sorted(members)], sorted(members))
+                if found:
+                    problems = f"within {name} " + found
+                    break
+            if problems:
+                break
+    if not problems:  # debug mode compared everything and found it equal
+        return context
+    raise ValueError(f"{who}: the {size} ranks disagree on what they are about to do: {problems}")
+
+
+def _groups_disagree(comm, parts):
+    """Check each sub-communicator part within its groups; the same answer on every rank of ``comm``."""
+    bad = 0
+    for c, text in parts:
+        if c is None or c is comm:
+            continue
+        code = digest(text)
+        pair = numpy.array([code, -code], dtype=numpy.int64)
+        collectives.allreduce_max_ints(c, pair)
+        bad |= int(pair[0] != -pair[1])
+    flag = numpy.array([bad], dtype=numpy.int64)
+    collectives.allreduce_max_ints(comm, flag)
+    return bool(flag[0])
+
+
+def raise_everywhere(comm, who, error):
+    """The agreement of a call that will not run on this rank: the others raise ``error``'s finding too.
+
+    Used for a call refused on this rank (another thread held the grid):
+    collective over ``comm``, it always ends in the exception, which the
+    caller may drop (the refusing rank has already raised its own).
+    """
+    agree(comm, who, error, "(refused)", signature="(refused)")
+
+
+def agree_construction(obj, comm, who=None, error=None):
+    """Collective over ``comm``: every rank built ``obj`` from the same arguments, or all raise.
+
+    For objects whose parameters decide who talks to whom (a halo's widths
+    and poles, the points of an interpolation) or what a model computes (a
+    time step, a radius): agreed once, when they are built, whatever
+    ``mpisphere.config.agreement`` says. The message names the ranks and
+    their arguments (the largest group first, so the odd rank out is named
+    alone).
+
+    Raises
+    ------
+    ValueError
+        On every rank, when the descriptions differ; ``error``'s kind when
+        some rank passes a finding of its own.
+    """
+    who = who or (getattr(obj, "name", None) if isinstance(getattr(obj, "name", None), str)
+                  else type(obj).__name__)
+    text = description_of(obj)
+    size = comm.Get_size()
+    if size == 1:
+        if error is not None:
+            raise as_exception(who, [(0, 1, error.kind.__name__, error.text)])
+        return
+    code = digest(text)
+    flags = numpy.array([0 if error is None else 1, code, -code], dtype=numpy.int64)
+    collectives.allreduce_max_ints(comm, flags)
+    if flags[0] == 0 and flags[1] == -flags[2]:
+        return
+    everyone = collectives.allgather_object(comm, (None if error is None else (error.kind.__name__, error.text),
+                                                   text))
+    errors = [(r, size, e[0], e[1]) for r, (e, _) in enumerate(everyone) if e is not None]
+    if errors:
+        raise as_exception(who, errors)
+    raise ValueError(f"{who}: the {size} ranks built it from different arguments (build it the same way on every "
+                     f"rank): {differences([t for _, t in everyone])}")

@@ -1,0 +1,61 @@
+"""The one lock of a grid (:class:`CallGuard`): a call from a second thread is refused on every rank."""
+
+import threading
+
+
+
+
+REFUSED = ("refused: another thread was running an mpisphere operation on the same grid (or operator); MPI "
+           "matches one communicator's messages in call order, so two threads on one grid would mix theirs. Give "
+           "each thread its own grid (grid.dup()), or make the calls one after the other in the same order on every "
+           "rank")
+
+class CallGuard:
+    """The lock of one grid: held while a call communicates on any of its communicators.
+
+    MPI matches a communicator's messages in call order, so two threads
+    that call at once on one grid would mix theirs. :meth:`enter` takes the
+    guard (re-entrant for the thread that holds it) or, when another thread
+    holds it, registers ``refusal`` and returns ``False``: the caller raises
+    on its rank, and the holding thread runs ``refusal`` (the refused call's
+    agreement, with an error) when it leaves, so the ranks that did make
+    that call raise too instead of waiting for this one.
+    """
+
+    __slots__ = ("_state", "_owner", "_depth", "_refused")
+
+    def __init__(self):
+        self._state = threading.Lock()
+        self._owner = None
+        self._depth = 0
+        self._refused = []
+
+    def enter(self, refusal=None):
+        me = threading.get_ident()
+        with self._state:
+            if self._owner is None or self._owner == me:
+                self._owner = me
+                self._depth += 1
+                return True
+            if refusal is not None:
+                self._refused.append(refusal)
+            return False
+
+    def leave(self):
+        while True:
+            with self._state:
+                if self._depth > 1 or not self._refused:
+                    self._depth -= 1
+                    if self._depth == 0:
+                        self._owner = None
+                    return
+                refusal = self._refused.pop(0)
+            try:
+                refusal()
+            except Exception:  # noqa: BLE001 -- the refused call has raised on its own rank already
+                pass
+
+    @property
+    def held(self):
+        """True while some thread holds the guard."""
+        return self._owner is not None

@@ -1,0 +1,319 @@
+"""The agreement with a grid's neighbours: headers that travel in front of the data (:class:`NeighbourRound`)."""
+
+import math
+import os
+
+import numpy
+
+from .. import backend, collectives, staging
+from .description import digest
+
+
+HEADER = 8  # int64 words in front of the data of every message of a neighbour round
+HEADER_BYTES = 8 * HEADER
+_MAGIC = 0x6D7368616C6F  # "mshalo": a neighbour round's message, not something else that happened to arrive
+_OWN_ERROR, _POISONED = 1, 2
+DETAILS_TAG = 0x6D74  # the full descriptions of a failed round, exchanged between the pairs that did not fit
+
+
+def message_buffer(like, shape, dtype):
+    """A flat byte buffer for one message of a round, and the view of its data as an array of ``shape``.
+
+    The first :data:`HEADER_BYTES` bytes hold the header; the data follows
+    (aligned for any dtype). In ``like``'s array module and device.
+    """
+    dtype = numpy.dtype(dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
+    xp = backend.array_module(like)
+    with backend.device_of(like):
+        message = xp.empty(HEADER_BYTES + nbytes, numpy.uint8)
+    return message, message[HEADER_BYTES:].view(dtype).reshape(shape)
+
+
+class NeighbourRound:
+    """One call's messages with its grid neighbours, each message its header followed by its data.
+
+    The header (eight int64 words in front of the data) carries this rank's
+    verdict on its own input, whether the data it sends is incomplete
+    (``poisoned``), a digest of the call (operator, parameters, direction,
+    batch shape, dtype, switches), the tile's height and width, the number of
+    data bytes, the order of the call's phases and which optional messages
+    it sends. A receiver probes for a message, learns its size, and receives
+    it whole: into the caller's buffer when the size is the expected one,
+    into a drain buffer otherwise; then it reads the header and uses the data
+    only when the header fits (same digest, tiles that fit together). A
+    mismatch therefore never truncates a message or leaves one behind for
+    the next call, and agreeing costs no message of its own.
+
+    Parameters
+    ----------
+    comm : mpi4py.MPI.Comm
+        The communicator of the messages (``grid.cart``).
+    who : str
+        The call, for messages.
+    description : str
+        The call, as the neighbours must see it (its digest travels).
+    tile : (int, int)
+        This rank's tile, for the neighbours' fit checks.
+    error : InputError or None
+        This rank's own finding: the round then sends every header at once,
+        without data, and drops what arrives, so no neighbour waits.
+    expected : list of (source, tag)
+        Every message this call receives. The sender of a message with tag
+        ``t`` to rank ``d`` must appear in ``d``'s list as ``(sender, t)``:
+        the halo uses the same neighbours and tags in every call, whatever
+        its widths, so any two halo calls on neighbouring ranks exchange the
+        same messages and every mismatch is seen.
+    fits : callable ``(header, source, tag) -> str or None``
+        Why a neighbour's header cannot be used here (tiles that do not fit),
+        or ``None``. Must be symmetric between the two ranks of a pair.
+    order : int
+        Which phase comes first (the gathering and the accumulating
+        directions of a halo run their phases in opposite orders).
+    staged : bool
+        Move device data through host buffers.
+    pattern : int
+        Bits naming the optional messages this call sends (a halo without
+        extents sends records first); it travels in every header.
+    optional : dict of (source, tag) -> bit
+        The messages a neighbour sends only when its ``pattern`` has that
+        bit. One that this call expects but the neighbour does not send is
+        not waited for; one it sends but this call does not expect is
+        received and dropped, so two calls of different patterns still match
+        every message.
+
+    Notes
+    -----
+    A phase (:meth:`collect`) waits for its own messages, receiving and
+    checking the messages of later phases that arrive meanwhile. A problem
+    with a message of a phase makes the data this rank sends in later
+    phases incomplete: those headers say so (``poisoned``) and carry no
+    data, and the neighbours that needed it raise too, so the ranks that
+    raise are exactly the ones whose result would have used wrong data (the
+    3 x 3 block around a mistake). A message whose phases run in the other
+    order (a neighbour in the adjoint while this rank is in the forward)
+    could otherwise leave a cycle of ranks each waiting for the next one's
+    first phase: the rank then sends all its remaining headers at once,
+    which breaks the cycle. Problems are raised by the caller after
+    :meth:`finish`.
+    """
+
+    def __init__(self, comm, who, description, tile, error, expected, fits, order=0, staged=False,
+                 workspace=None, pattern=0, optional=None):
+        self.comm, self.who, self.fits = comm, who, fits
+        self.description = description
+        self.error = error
+        self.code = digest(description)
+        self.tile = (int(tile[0]), int(tile[1]))
+        self.order = int(order)
+        # messages that only some calls send: {(source, tag): bit of ``pattern``}; the source's headers say which
+        self.pattern, self.optional = int(pattern), optional or {}
+        self.staged = staged
+        self.workspace = workspace if workspace is not None else backend.Workspace()
+        self.problems = []          # ((source, tag), text) of the messages this rank cannot use
+        self.mismatched = set()     # sources whose own records did not fit with this rank's (for details)
+        self.poisoned = error is not None  # the data this rank would send next is not complete
+        self._flush = error is not None    # send everything at once: waiting could close a cycle
+        self._pending = list(expected)     # messages not received yet
+        self._received = set()
+        self._targets = {}                 # key -> the caller's message buffer (None: a header alone)
+        self._usable = {}                  # key -> whether the message arrived and fits (its data may be used)
+        self._other_call = set()           # keys whose sender makes another call (another digest)
+        self._patterns_seen = set()
+        self._sent = set()
+        self._sends = []
+        self._status = collectives.status()
+
+    # --- sending -----------------------------------------------------------------------------------
+
+    def _header(self, nbytes):
+        flags = (_OWN_ERROR if self.error is not None else 0) | (_POISONED if self.poisoned else 0)
+        return numpy.array([_MAGIC, flags, self.code, self.tile[0], self.tile[1], nbytes, self.order, self.pattern],
+                           numpy.int64)
+
+    def send(self, dest, tag, message):
+        """Send ``message`` (a buffer from :func:`message_buffer`, or ``None``) to ``dest`` with ``tag``.
+
+        The round writes the header into its first bytes. A poisoned round,
+        or ``None``, sends the header alone.
+        """
+        if (dest, tag) in self._sent:
+            raise RuntimeError(f"{self.who}: two messages to rank {dest} with tag {tag} in one round")
+        self._sent.add((dest, tag))
+        if self.poisoned or message is None:
+            out = self._header(0).view(numpy.uint8)
+        else:
+            header = self._header(int(message.size) - HEADER_BYTES).view(numpy.uint8)
+            if self.staged and (backend.is_device_array(message) or isinstance(message, numpy.ndarray)):
+                out = self.workspace.host(f"nr-send-{dest}-{tag}", message.size, numpy.uint8,
+                                          backend.is_device_array(message))
+                backend.copy_to_host(message, out)
+                out[:HEADER_BYTES] = header
+            elif backend.is_device_array(message):
+                message[:HEADER_BYTES] = backend.array_module(message).asarray(header)
+                out = message
+            else:
+                message[:HEADER_BYTES] = header
+                out = message
+        self._sends.append((collectives.isend_bytes(self.comm, out, dest, tag), out))
+
+    # --- receiving --------------------------------------------------------------------------------------
+
+    def expect(self, key, message):
+        """Where message ``key`` lands when its size is the expected one: a :func:`message_buffer`, or ``None``."""
+        self._targets[key] = message
+
+    def _receive(self, key, probed, nbytes):
+        """Receive the probed message ``key`` whole, check its header; its data is used only if it fits."""
+        source, tag = key
+        target = self._targets.get(key)
+        fitting = target is not None and nbytes == int(target.size) and not self._flush and self.error is None
+        if fitting and not (self.staged or backend.is_device_array(target)):
+            landing = target
+        elif fitting and not self.staged:  # a device buffer, CUDA-aware
+            landing = target
+        elif fitting:
+            landing = self.workspace.host(f"nr-recv-{source}-{tag}", nbytes, numpy.uint8,
+                                          backend.is_device_array(target))
+        else:  # drain it: every byte sent is received in this call
+            landing = self.workspace.scratch(f"nr-drain-{source}-{tag}", numpy.empty(0, numpy.uint8),
+                                             max(nbytes, 1), numpy.uint8)
+        if landing is target:
+            staging.prepare(target)
+        collectives.mrecv_bytes(probed, landing, nbytes)
+        if nbytes < HEADER_BYTES:
+            header = numpy.zeros(HEADER, numpy.int64)
+        elif backend.is_device_array(landing):
+            header = backend.array_module(landing).asnumpy(landing[:HEADER_BYTES]).view(numpy.int64)
+        else:
+            header = numpy.array(landing[:HEADER_BYTES]).view(numpy.int64)
+        self._pending.remove(key)
+        self._received.add(key)
+        self._on_header(key, header, nbytes)
+        if fitting and self._usable[key] and landing is not target:
+            backend.copy_from_host(landing, target)
+
+    def _on_header(self, key, header, nbytes):
+        """Check a neighbour's header."""
+        source, tag = key
+        problem = None
+        if header[0] != _MAGIC:
+            problem = "sent a message that is not a halo exchange's"
+            self._flush = True
+        elif header[1] & _OWN_ERROR:
+            problem = "has an input it cannot use"
+            self.mismatched.add(source)
+        elif self.error is not None:
+            self.mismatched.add(source)
+        elif header[2] != self.code:
+            problem = "is not making the same call (another operator, parameters, direction, batch shape or dtype)"
+            self.mismatched.add(source)
+            self._other_call.add(key)
+        else:
+            problem = self.fits(header, source, tag)  # before the poisoned flag: both sides of a pair see it
+            if problem is not None:
+                self.mismatched.add(source)
+            elif header[1] & _POISONED:
+                problem = "could not complete its own exchange (a mistake in its neighbourhood)"
+            else:
+                target = self._targets.get(key)
+                expected = HEADER_BYTES if target is None else int(target.size)
+                if nbytes != expected:
+                    problem = f"sent {nbytes - HEADER_BYTES} bytes where {expected - HEADER_BYTES} were expected"
+        if header[0] == _MAGIC and header[6] != self.order:
+            self._flush = True
+        if header[0] == _MAGIC and source not in self._patterns_seen:
+            self._patterns_seen.add(source)
+            self._match_pattern(source, int(header[7]))
+        self._usable[key] = problem is None
+        if problem is not None:
+            self.problems.append((key, problem))
+
+    def _match_pattern(self, source, theirs):
+        """Match the optional messages ``source`` sends (its ``pattern``) with the ones this rank expects."""
+        for key, bit in self.optional.items():
+            if key[0] != source:
+                continue
+            sends = bool(theirs & bit)
+            if key in self._pending and not sends:  # never coming: a problem, not a wait
+                self._pending.remove(key)
+                self._usable[key] = False
+                self.problems.append((key, "is not making the same call (its messages differ)"))
+            elif not sends or key in self._received or key in self._pending:
+                continue
+            else:  # sent but not expected here: received and dropped in this call
+                self._pending.append(key)
+
+    def _poll(self, wanted):
+        """Receive messages (any that is pending) until every key in ``wanted`` has arrived or the round flushes."""
+        while self._pending and any(k in self._pending for k in wanted) and not self._flush:
+            if not self._sweep():
+                return
+
+    def _sweep(self):
+        """Probe every pending message once and receive those that are there; False once the round flushes.
+
+        A sweep that finds nothing yields the core: on oversubscribed nodes
+        the neighbour we wait for may be waiting for this core.
+        """
+        found = False
+        for key in list(self._pending):
+            probed, nbytes = collectives.improbe_bytes(self.comm, key[0], key[1], self._status)
+            if probed is not None:
+                found = True
+                self._receive(key, probed, nbytes)
+                if self._flush:
+                    return False
+        if not found:
+            os.sched_yield()
+        return True
+
+    def collect(self, keys, records=False):
+        """Wait for the messages ``keys`` of one phase; ``{key: data}`` of those whose data may be used.
+
+        Messages of later phases that arrive meanwhile are received and
+        checked too. When a message of this phase cannot be used, or the
+        round must flush, returns ``{}`` and poisons the round: the caller
+        skips its work and calls :meth:`finish`. ``records``: a phase of
+        headers alone, sent ahead of the data to check that the tiles fit
+        together; a neighbour making another call poisons nothing there (its
+        data messages will say so again, to the ranks that need them), a
+        neighbour whose tile does not fit poisons the round.
+        """
+        self._poll(keys)
+        if self._flush or not all(self._usable.get(k, False) or (records and k in self._other_call) for k in keys):
+            self.poisoned = True
+            return {}
+        return {k: self._targets[k] for k in keys if self._targets.get(k) is not None}
+
+    def finish(self, remaining):
+        """Send the headers of ``remaining`` ``(dest, tag)`` not sent yet (no data), receive the rest, wait.
+
+        Every rank calls it once, whatever happened, so that every message
+        of the call is matched in the call. Returns the problems (a list of
+        ``((source, tag), text)``), or ``None`` when there were none and this
+        rank had no finding of its own.
+        """
+        if self.problems:
+            self.poisoned = True
+        for dest, tag in remaining:
+            if (dest, tag) not in self._sent:
+                self.send(dest, tag, None)
+        self._flush = True  # everything left is received and dropped
+        while self._pending:
+            self._sweep()
+        collectives.waitall([r for r, _ in self._sends])
+        self._sends.clear()
+        if self.error is None and not self.problems:
+            return None
+        return self.problems
+
+    def details(self):
+        """``{rank: (error text or None, description)}`` of the neighbours whose records did not fit with this one.
+
+        Both ranks of such a pair call it (the reasons are symmetric), so the
+        extra messages always match; ranks poisoned only from farther away
+        exchange nothing more.
+        """
+        mine = (None if self.error is None else self.error.text, self.description)
+        return collectives.exchange_objects(self.comm, sorted(self.mismatched), mine, DETAILS_TAG)

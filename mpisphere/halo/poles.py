@@ -1,0 +1,142 @@
+"""The rows past the poles of a halo exchange with ``poles="across"``: the field continued half way round.
+
+The halo row at distance ``k`` past a pole mirrors the row at the same
+colatitude distance inside it, at the opposite longitude (``+ 180``
+degrees), times a sign per field. Which rows those are comes from the
+grid's latitudes: on a grid whose outermost rows are the poles (equiangular,
+Lobatto) the pole row itself is not repeated. The rows belong to the ranks
+of the first (last) polar row that hold the opposite longitudes: those
+ranks gather them over ``grid.azimuth`` (``Allgatherv``; the adjoint sums
+them back with ``Reduce_scatter``).
+"""
+
+import math
+
+import numpy
+
+from .. import backend
+from ..operators import ADJOINT, FORWARD
+from ..primitives import GatherFromCopyTo
+from ..quadrature import latitudes, rule
+
+__all__ = ["PoleCrossing"]
+
+_POLE_TOLERANCE = 1e-12  # a colatitude this close to 0 or pi is a pole row
+
+
+class PoleCrossing:
+    """The across-the-poles part of one :class:`~mpisphere.HaloExchange`: checks, indices, forward and adjoint.
+
+    Parameters
+    ----------
+    grid : ProcessGrid
+    rows, cols : int
+        The exchange's halo widths.
+    extents : (int, int) or None
+        Global ``(nlat, nlon)`` (required).
+    quadrature : str or None
+        The latitude rule (required): whether the outermost rows are the poles.
+    signs : ndarray or None
+        The factor of each field (axis ``-3``) as it crosses a pole.
+    who : str
+        The exchange's name, for messages.
+
+    Notes
+    -----
+    Built identically on every rank (no message). ``active`` is False for
+    an exchange of zero rows: nothing lies past the poles to fill.
+    """
+
+    def __init__(self, grid, rows, cols, extents, quadrature, signs, who):
+        if extents is None:
+            raise ValueError(f"{who}: poles='across' needs extents=(nlat, nlon): the rows past a pole "
+                             "come from the opposite longitudes, which only the global grid locates")
+        if quadrature is None:
+            raise ValueError(f"{who}: poles='across' needs quadrature= (e.g. 'equiangular', "
+                             "'legendre-gauss', as the transforms take it): the row at a given distance past a pole "
+                             "depends on whether the outermost rows are the poles")
+        nlat, nlon = extents
+        try:
+            self.quadrature = rule(quadrature).name
+        except ValueError as exc:
+            raise ValueError(f"{who}: {exc}") from None
+        theta, _ = latitudes(nlat, self.quadrature)
+        self.grid, self.rows, self.cols, self.extents, self.signs = grid, rows, cols, extents, signs
+        # a pole row is not mirrored onto itself: the rows past it start one further in
+        self.shift = (int(abs(theta[0]) < _POLE_TOLERANCE), int(abs(theta[-1] - math.pi) < _POLE_TOLERANCE))
+        self.active = rows > 0
+        if not self.active:
+            return
+        if nlon % 2:
+            raise ValueError(f"{who}: poles='across' needs an even nlon (the longitude half way round "
+                             f"must be a grid column), got nlon={nlon}")
+        sizes = grid.lat_sizes(nlat)
+        north, south = rows + self.shift[0], rows + self.shift[1]
+        if north > sizes[0] or south > sizes[-1]:
+            raise ValueError(f"{who}: poles='across' takes the {rows} rows nearest each pole "
+                             f"({'not counting the pole rows, ' if any(self.shift) else ''}on this "
+                             f"{self.quadrature} grid) from the first and last polar tiles, which have {sizes[0]} "
+                             f"and {sizes[-1]} rows (nlat={nlat} split as {sizes}); use fewer halo rows or fewer "
+                             "polar ranks")
+        _, lon = grid.local_slices(nlat, nlon)
+        # global columns of the padded tile, moved half way round
+        self.opposite = (numpy.arange(lon.start - cols, lon.stop + cols) + nlon // 2) % nlon
+        self.band = GatherFromCopyTo(grid.azimuth, -1, nlon)
+
+    def pole_rows(self, h):
+        """``[(halo rows, nearest rows)]`` in padded coordinates, for the poles this rank's tiles touch.
+
+        The nearest rows leave out a pole row (``shift``): the halo row at
+        distance ``k`` past the pole mirrors the row at distance ``k`` inside it.
+        """
+        r, g = self.rows, self.grid
+        north, south = self.shift
+        found = []
+        if g.polar_rank == 0:
+            found.append((slice(0, r), slice(r + north, 2 * r + north)))
+        if g.polar_rank == g.npolar - 1:
+            found.append((slice(r + h, 2 * r + h), slice(h - south, h + r - south)))
+        return found
+
+    def _signs(self, P):
+        if self.signs is None:
+            return 1
+        xp = backend.array_module(P)
+        return xp.asarray(self.signs, dtype=P.dtype).reshape(-1, 1, 1)
+
+    def forward(self, P, h, w, context):
+        """Fill the rows past the poles from the rows nearest them, half way round (after the neighbours' phase)."""
+        poles = self.pole_rows(h) if self.active else None
+        if not poles:
+            return
+        xp, c = backend.array_module(P), self.cols
+        band = xp.stack([P[..., near, c:c + w] for _, near in poles], axis=-3)   # (..., poles, r, w)
+        whole = xp.empty(band.shape[:-1] + (self.extents[1],), dtype=P.dtype)
+        self.band._run(FORWARD, band, whole, context)                           # (..., poles, r, nlon)
+        opposite = xp.asarray(self.opposite)
+        signs = self._signs(P)
+        for k, (halo, _) in enumerate(poles):
+            # halo row i lies as far past the pole as row r - 1 - i of the band lies inside it
+            P[..., halo, :] = signs * xp.take(whole[..., k, ::-1, :], opposite, axis=-1)
+
+    def adjoint(self, P, h, w, context):
+        """The adjoint of :meth:`forward`: the rows past the poles go home and are added; zeroed."""
+        poles = self.pole_rows(h) if self.active else None
+        if not poles:
+            return
+        xp, c, nlon = backend.array_module(P), self.cols, self.extents[1]
+        whole = xp.zeros(P.shape[:-2] + (len(poles), self.rows, nlon), dtype=P.dtype)
+        signs = self._signs(P)
+        for k, (halo, _) in enumerate(poles):
+            values = (signs * P[..., halo, :])[..., ::-1, :]
+            target = whole[..., k, :, :]
+            # the opposite columns run in at most a few unbroken stretches (they wrap round at nlon)
+            breaks = numpy.flatnonzero(numpy.diff(self.opposite) != 1) + 1
+            for a, b in zip(numpy.r_[0, breaks], numpy.r_[breaks, self.opposite.size]):
+                start = int(self.opposite[a])
+                target[..., start:start + (b - a)] += values[..., a:b]
+            P[..., halo, :] = 0
+        band = xp.empty(whole.shape[:-1] + (w,), dtype=P.dtype)
+        self.band._run(ADJOINT, whole, band, context)
+        for k, (_, near) in enumerate(poles):
+            P[..., near, c:c + w] += band[..., k, :, :]

@@ -1,0 +1,539 @@
+"""The operator type: :class:`LinearOperator`, its checked and agreed call, its adjoint and its algebra.
+
+One job: ``A.H``, ``A @ B``, ``A + B`` and ``a * A`` are built by the base class's own methods, so the
+combinations live beside it (as in SciPy's and PyLops' ``LinearOperator``).
+"""
+
+import math
+
+import numpy
+from mpi4py import MPI
+
+from .. import backend
+from ..agreement import (REFUSED, CallGuard, Context, Described, InputError, Spec, agree, description_of,
+                        raise_everywhere)
+from .abilities import Abilities
+from .layout import ADJOINT, FORWARD, Layout, check_out
+
+
+
+class LinearOperator(Described):
+    """Base class of every mpisphere operator.
+
+    A subclass sets :attr:`domain` and :attr:`range` (:class:`Layout`) in
+    its ``__init__`` and implements either
+
+    * ``_forward(x, out)`` and ``_adjoint(y, out)``, each returning the
+      result (``out`` when given): the simple protocol, for your own
+      operators; calls go straight to them; or
+    * ``_output(direction, spec)``, returning the result's :class:`Spec` and
+      a description of the input that must match across ranks (raise
+      :class:`InputError` for bad input), and ``_run(direction, x, out,
+      context)``, which writes into ``out``: the protocol of mpisphere's own
+      operators, which get the local checks, ``out=`` handling and the
+      agreement step from this class. ``_comm`` names the communicator to
+      agree on (``None``: the operator does not communicate).
+
+    What the ranks compare about the operator itself is derived from every
+    argument its constructor was called with (:class:`~mpisphere.agreement.Described`);
+    a subclass lists the arguments that legitimately differ between ranks
+    in ``_per_rank``.
+
+    Attributes
+    ----------
+    domain, range : Layout
+        Layouts of the input of :meth:`forward` and of its output.
+    """
+
+    domain = None
+    range = None
+    _comm = None
+
+    @property
+    def name(self):
+        return type(self).__name__
+
+    # --- public interface ---
+
+    def forward(self, x, out=None):
+        """Apply the operator. Never modifies ``x``; writes into ``out`` when given."""
+        return self._apply(FORWARD, x, out)
+
+    def adjoint(self, y, out=None):
+        """Apply the adjoint. Never modifies ``y``; writes into ``out`` when given."""
+        return self._apply(ADJOINT, y, out)
+
+    def __call__(self, x, out=None):
+        return self.forward(x, out)
+
+    def domain_shape(self, lead=()):
+        """This rank's shape of a domain point with leading (batch) axes ``lead``.
+
+        Operators with a fixed core of trailing axes (halo exchanges,
+        transforms, spectral operators) append it to ``lead``; the
+        primitives, whose split axes may be anywhere, take ``lead`` as the
+        whole shape with the split axes' entries ignored (see each class).
+        """
+        return self._shapes(tuple(lead))[0]
+
+    def range_shape(self, lead=()):
+        """This rank's shape of a range point with leading axes ``lead`` (see :meth:`domain_shape`)."""
+        return self._shapes(tuple(lead))[1]
+
+    def _shapes(self, lead):
+        raise TypeError(f"{self.name} does not describe its shapes; pass the points to dottest yourself")
+
+    @property
+    def H(self):
+        """The adjoint operator: ``A.H.forward == A.adjoint``."""
+        return AdjointOperator(self)
+
+    def __matmul__(self, other):
+        if not isinstance(other, LinearOperator):
+            return NotImplemented
+        return _Composition(self, other)
+
+    def __add__(self, other):
+        if not isinstance(other, LinearOperator):
+            return NotImplemented
+        return _Sum(self, other, 1.0)
+
+    def __sub__(self, other):
+        if not isinstance(other, LinearOperator):
+            return NotImplemented
+        return _Sum(self, other, -1.0)
+
+    def __mul__(self, scalar):
+        if isinstance(scalar, LinearOperator) or not _is_real_scalar(scalar):
+            return NotImplemented
+        return _Scaled(self, float(scalar))
+
+    __rmul__ = __mul__
+
+    def __neg__(self):
+        return _Scaled(self, -1.0)
+
+    def __repr__(self):
+        return f"<{self.name}: {self.domain} -> {self.range}>"
+
+    # --- the protocol ---
+
+    def _layouts(self):
+        for side in ("domain", "range"):
+            if not isinstance(getattr(self, side), Layout):
+                raise TypeError(f"{self.name}.{side} is {getattr(self, side)!r}: a LinearOperator must set domain "
+                                "and range to Layouts in its __init__ (e.g. Layout('distributed', grid.cart))")
+
+    def _simple(self):
+        """True for operators written in the simple protocol (``_forward``/``_adjoint``)."""
+        return type(self)._output is LinearOperator._output
+
+    def _output(self, direction, spec):
+        raise NotImplementedError
+
+    def _describe(self):
+        """What identifies this operator across ranks: every constructor argument (see ``Described``)."""
+        return description_of(self)
+
+    def _forward(self, x, out):
+        raise TypeError(f"{self.name} implements neither _forward/_adjoint nor _output/_run: subclasses of "
+                        "LinearOperator define _forward(x, out) and _adjoint(y, out)")
+
+    def _adjoint(self, y, out):
+        raise TypeError(f"{self.name} defines no _adjoint(y, out): an operator without its adjoint cannot be a "
+                        "LinearOperator")
+
+    def _guard(self):
+        """The :class:`~mpisphere.agreement.CallGuard` of the grid this operator communicates on (or its own)."""
+        guard = getattr(self._comm, "guard", None) if self._comm is not None else None
+        if guard is None:
+            guard = self.__dict__.setdefault("_own_guard", CallGuard())
+        return guard
+
+    def _reserve(self, direction, x, out):
+        """Allocate the scratch buffers a call will use (before the agreement, so a failure is agreed on)."""
+
+    def _agreement(self, comm, who, error, description, spec, signature):
+        """The agreement strategy: over ``comm`` (one Allreduce), raising everywhere or returning the context."""
+        if comm is None:
+            if error is not None:
+                raise error.kind(f"{who}: {error.text}")
+            return Context.local(spec)
+        return agree(comm, who, error, description, spec, signature)
+
+    def _refuse(self, comm, who, description, spec, signature):
+        """What a call refused on this rank (another thread held the grid) tells the other ranks."""
+        if comm is not None:
+            raise_everywhere(comm, who, InputError(REFUSED, RuntimeError))
+
+    def _apply(self, direction, x, out, label=None, runner=None, in_place=False):
+        """Check, allocate, agree, run: the steps of every call (see the module docstring).
+
+        ``label`` names the call in messages and in the agreement when it is
+        not the plain direction (``start_forward``, ``update``); ``runner``
+        does the work instead of :meth:`_run`; ``in_place`` calls write into
+        ``x`` and return it.
+        """
+        self._layouts()
+        if self._simple():
+            return self._forward(x, out) if direction == FORWARD else self._adjoint(x, out)
+        label = label or direction
+        who = f"{self.name}.{label}"
+        comm = self._comm
+        if comm is not None and comm == MPI.COMM_NULL:
+            raise RuntimeError(f"{who}: the operator's communicator was freed (grid.free()); build the operator "
+                               "on a live grid")
+        error, spec, result, description = None, None, None, "(input not understood)"
+        try:
+            spec = Spec.of(x)
+            result, description = self._output(label if in_place else direction, spec)
+            if in_place:
+                if not backend.is_writeable(x):
+                    raise InputError(f"the array is read-only; {label} writes into it")
+            elif out is not None:
+                check_out(out, result, x)
+        except InputError as exc:
+            error = exc
+        if error is None:  # allocate before agreeing: a failure here is this rank's finding, seen by every rank
+            try:
+                if in_place:
+                    out = x
+                elif out is None:
+                    out = _allocate(result, x)
+                self._reserve(label if in_place else direction, x, out)
+            except Exception as exc:  # noqa: BLE001 -- MemoryError, cupy's OutOfMemoryError, ...
+                error = InputError.from_exception(exc, f"allocating the buffers of this call ({result.describe()})")
+        signature = f"{self._describe()} {label}"
+        guard = self._guard()
+        if not guard.enter(lambda: self._refuse(comm, who, description, spec, signature)):
+            raise RuntimeError(f"{who}: {REFUSED} on this rank; the other ranks raise too when that call ends")
+        try:
+            context = self._agreement(comm, who, error, description, spec, signature)
+            (runner or self._run)(label if in_place else direction, x, out, context)
+            return out
+        finally:
+            guard.leave()
+
+    def _run(self, direction, x, out, context):
+        """Do the work into ``out`` (already checked and agreed). Default: the simple protocol."""
+        result = self._forward(x, out) if direction == FORWARD else self._adjoint(x, out)
+        if result is not out:
+            out[...] = result
+
+    def abilities(self, direction):
+        """What this operator can do as a pipeline stage run in ``direction`` (:class:`Abilities`). Default: none."""
+        return Abilities()
+
+
+def _allocate(spec, like):
+    xp = backend.array_module(like)
+    with backend.device_of(like):
+        return xp.empty(spec.shape, dtype=spec.dtype)
+
+
+def _is_real_scalar(value):
+    return isinstance(value, (int, float, numpy.integer, numpy.floating)) and not isinstance(value, bool) \
+        and math.isfinite(float(value))
+
+
+def _agreement_comm(ops):
+    """The communicator a group of operators agrees on, or None when none of them communicates.
+
+    Their common communicator when every part that communicates uses the
+    same one (a composition then meets its parts, called one after the other
+    on another rank, in the same agreement); otherwise the space they share.
+    """
+    comms = [op._comm for op in ops if getattr(op, "_comm", None) is not None]
+    if not comms:
+        return None
+    first = comms[0]
+    if all(c is first or (c != MPI.COMM_NULL and first != MPI.COMM_NULL and
+                          MPI.Comm.Compare(c, first) == MPI.IDENT) for c in comms[1:]):
+        return first
+    return next(op for op in ops if getattr(op, "_comm", None) is not None).domain.space
+
+
+def _parts(op, direction, text, comm):
+    """An operator's agreement parts: a list of (communicator, description) (see :func:`agree`).
+
+    A part that does not communicate (a diagonal, a scaling) still has its
+    own description compared over ``comm``, the communicator of the
+    composition: its parameters decide the result as much as a transform's.
+    """
+    if not isinstance(text, str):
+        return list(text)
+    if op._comm is None:
+        return [(comm, f"{op._describe()} {direction}"), (None, text)]
+    return [(op._comm, f"{op._describe()} {direction}: {text}")]
+
+
+class AdjointOperator(LinearOperator):
+    """``op.H``: forward is ``op.adjoint``, adjoint is ``op.forward``."""
+
+    def __init__(self, op):
+        op._layouts()
+        self.op = op
+        self.domain = op.range
+        self.range = op.domain
+        self._comm = op._comm
+
+    @property
+    def name(self):
+        return f"{self.op.name}.H"
+
+    _flip = {FORWARD: ADJOINT, ADJOINT: FORWARD}
+
+    def abilities(self, direction):
+        return self.op.abilities(self._flip[direction])
+
+    def _simple(self):
+        return self.op._simple()
+
+    def _forward(self, x, out):
+        return self.op.adjoint(x, out)
+
+    def _adjoint(self, y, out):
+        return self.op.forward(y, out)
+
+    def _output(self, direction, spec):
+        return self.op._output(self._flip.get(direction, direction), spec)
+
+    def _run(self, direction, x, out, context):
+        self.op._run(self._flip.get(direction, direction), x, out, context)
+
+    def _reserve(self, direction, x, out):
+        self.op._reserve(self._flip.get(direction, direction), x, out)
+
+    def _agreement(self, comm, who, error, description, spec, signature):
+        return self.op._agreement(comm, who, error, description, spec, signature)
+
+    def _refuse(self, comm, who, description, spec, signature):
+        self.op._refuse(comm, who, description, spec, signature)
+
+    def _shapes(self, lead):
+        domain, range_ = self.op._shapes(lead)
+        return range_, domain
+
+    def _guard(self):
+        return self.op._guard()
+
+    @property
+    def H(self):
+        return self.op
+
+
+class _Combination(LinearOperator):
+    """Shared machinery of compositions and sums: checked as one, agreed once over their space."""
+
+    def _simple(self):
+        return any(op._simple() for op in self.ops)
+
+    def _guard(self):
+        for op in self.ops:
+            if op._comm is not None:
+                return op._guard()
+        return LinearOperator._guard(self)
+
+
+class _Composition(_Combination):
+    """``A @ B``: forward applies ``B`` then ``A``; adjoint ``A^H`` then ``B^H``."""
+
+    def __init__(self, a, b):
+        a._layouts()
+        b._layouts()
+        reason = a.domain.mismatch(b.range)
+        if reason is not None:
+            raise ValueError(
+                f"cannot compose {a.name} @ {b.name}: {b.name} returns {b.range!r} but {a.name} takes "
+                f"{a.domain!r}; {reason}, so the composition would not be a linear operator with the "
+                "adjoint its parts define")
+        self.ops = (a.ops if isinstance(a, _Composition) else (a,)) + \
+                   (b.ops if isinstance(b, _Composition) else (b,))
+        for op in self.ops:
+            if getattr(op, "needs_own_agreement", False):
+                raise ValueError(f"{op.name} cannot take part in a composition: {op.needs_own_agreement}")
+        self.domain = self.ops[-1].domain
+        self.range = self.ops[0].range
+        self._comm = _agreement_comm(self.ops)
+        self._scratch = backend.Workspace()
+
+    @property
+    def name(self):
+        return " @ ".join(op.name for op in self.ops)
+
+    def _sequence(self, direction):
+        return reversed(self.ops) if direction == FORWARD else iter(self.ops)
+
+    def _forward(self, x, out):
+        for op in reversed(self.ops[1:]):
+            x = op.forward(x)
+        return self.ops[0].forward(x, out)
+
+    def _adjoint(self, y, out):
+        for op in self.ops[:-1]:
+            y = op.adjoint(y)
+        return self.ops[-1].adjoint(y, out)
+
+    def _output(self, direction, spec):
+        # one part per operator, each agreed over that operator's communicator (see agree)
+        parts = []
+        for op in self._sequence(direction):
+            try:
+                spec, text = op._output(direction, spec)
+            except InputError as exc:
+                raise InputError(f"at {op.name}.{direction}: {exc.text}", exc.kind) from None
+            parts += _parts(op, direction, text, self._comm)
+        return spec, parts
+
+    def _describe(self):
+        return " @ ".join(op._describe() for op in self.ops)
+
+    def _steps(self, direction, x):
+        """The intermediate buffers of a call, one per part but the last (from the composition's workspace)."""
+        buffers, spec = [], Spec.of(x)
+        ops = list(self._sequence(direction))
+        for i, op in enumerate(ops[:-1]):
+            spec, _ = op._output(direction, spec)
+            buffers.append(self._scratch.scratch(f"step{i}", x, math.prod(spec.shape), spec.dtype)
+                           .reshape(spec.shape))
+        return ops, buffers
+
+    def _reserve(self, direction, x, out):
+        ops, buffers = self._steps(direction, x)
+        for i, op in enumerate(ops):
+            op._reserve(direction, x if i == 0 else buffers[i - 1], out if i == len(ops) - 1 else buffers[i])
+
+    def _run(self, direction, x, out, context):
+        ops, buffers = self._steps(direction, x)
+        for i, op in enumerate(ops):
+            op._run(direction, x if i == 0 else buffers[i - 1], out if i == len(ops) - 1 else buffers[i], context)
+
+    def _shapes(self, lead):
+        return self.ops[-1]._shapes(lead)[0], self.ops[0]._shapes(lead)[1]
+
+    @property
+    def H(self):
+        result = self.ops[-1].H
+        for op in reversed(self.ops[:-1]):
+            result = result @ op.H
+        return result
+
+
+class _Sum(_Combination):
+    """``A + B`` (``sign=1``) or ``A - B`` (``sign=-1``): both map the same layouts."""
+
+    def __init__(self, a, b, sign):
+        a._layouts()
+        b._layouts()
+        for side in ("domain", "range"):
+            reason = getattr(a, side).mismatch(getattr(b, side))
+            if reason is not None:
+                raise ValueError(f"cannot add {a.name} and {b.name}: their {side}s are {getattr(a, side)!r} and "
+                                 f"{getattr(b, side)!r}; {reason}")
+        self.ops = (a, b)
+        self.sign = sign
+        self.domain, self.range = a.domain, a.range
+        self._comm = _agreement_comm(self.ops)
+        self._scratch = backend.Workspace()
+
+    @property
+    def name(self):
+        return f"({self.ops[0].name} {'+' if self.sign > 0 else '-'} {self.ops[1].name})"
+
+    def _forward(self, x, out):
+        return self._combine(self.ops[0].forward(x), self.ops[1].forward(x), out)
+
+    def _adjoint(self, y, out):
+        return self._combine(self.ops[0].adjoint(y), self.ops[1].adjoint(y), out)
+
+    def _combine(self, first, second, out):
+        if out is None:
+            out = first
+        else:
+            out[...] = first
+        if self.sign > 0:
+            out += second
+        else:
+            out -= second
+        return out
+
+    def _output(self, direction, spec):
+        first, d1 = self.ops[0]._output(direction, spec)
+        second, d2 = self.ops[1]._output(direction, spec)
+        if first.shape != second.shape or first.dtype != second.dtype:
+            raise InputError(f"{self.ops[0].name} gives {first.describe()} but {self.ops[1].name} gives "
+                             f"{second.describe()}; they cannot be added")
+        return first, _parts(self.ops[0], direction, d1, self._comm) + _parts(self.ops[1], direction, d2, self._comm)
+
+    def _describe(self):
+        return f"({self.ops[0]._describe()}) {'+' if self.sign > 0 else '-'} ({self.ops[1]._describe()})"
+
+    def _second(self, direction, x):
+        result, _ = self.ops[1]._output(direction, Spec.of(x))
+        return self._scratch.scratch("second", x, math.prod(result.shape), result.dtype).reshape(result.shape)
+
+    def _reserve(self, direction, x, out):
+        second = self._second(direction, x)
+        self.ops[0]._reserve(direction, x, out)
+        self.ops[1]._reserve(direction, x, second)
+
+    def _run(self, direction, x, out, context):
+        self.ops[0]._run(direction, x, out, context)
+        second = self._second(direction, x)
+        self.ops[1]._run(direction, x, second, context)
+        if self.sign > 0:
+            out += second
+        else:
+            out -= second
+
+    def _shapes(self, lead):
+        return self.ops[0]._shapes(lead)
+
+    @property
+    def H(self):
+        return _Sum(self.ops[0].H, self.ops[1].H, self.sign)
+
+
+class _Scaled(_Combination):
+    """``a * A`` for a real scalar ``a`` (its own adjoint factor in the real inner product)."""
+
+    def __init__(self, op, scale):
+        op._layouts()
+        self.ops = (op,)
+        self.scale = scale
+        self.domain, self.range = op.domain, op.range
+        self._comm = op._comm
+
+    @property
+    def name(self):
+        return f"{self.scale:g} * {self.ops[0].name}"
+
+    def _describe(self):
+        return f"{self.scale!r} * {self.ops[0]._describe()}"
+
+    def _forward(self, x, out):
+        result = self.ops[0].forward(x, out)
+        result *= self.scale
+        return result
+
+    def _adjoint(self, y, out):
+        result = self.ops[0].adjoint(y, out)
+        result *= self.scale
+        return result
+
+    def _output(self, direction, spec):
+        return self.ops[0]._output(direction, spec)
+
+    def _reserve(self, direction, x, out):
+        self.ops[0]._reserve(direction, x, out)
+
+    def _run(self, direction, x, out, context):
+        self.ops[0]._run(direction, x, out, context)
+        out *= self.scale
+
+    def _shapes(self, lead):
+        return self.ops[0]._shapes(lead)
+
+    @property
+    def H(self):
+        return _Scaled(self.ops[0].H, self.scale)
