@@ -15,7 +15,7 @@ import math
 import numpy
 
 from . import backend, collectives
-from .operators import ADJOINT, DISTRIBUTED, FORWARD, Abilities, InputError, Layout
+from .operators import ADJOINT, DISTRIBUTED, FORWARD, InputError, Layout
 from .partition import offsets_of, split_sizes
 from .validation import check_int
 from .comm_operator import CommunicatorOperator, along, check_axis, check_moved_dtype
@@ -191,9 +191,6 @@ class Transpose(CommunicatorOperator):
     def is_identity(self):
         """True on a one-rank communicator: the map is then the identity (a copy)."""
         return self.size == 1
-
-    def abilities(self, direction):
-        return Abilities(identity=self.is_identity)
 
     def _roles(self, direction):
         """``(split axis, gather axis), (n_split, n_gather)`` of the input in ``direction``."""

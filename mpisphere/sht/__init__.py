@@ -16,8 +16,8 @@ module                  owns
 """
 
 from . import calculus
-from .transforms import (DistributedInverseRealSHT, DistributedInverseRealVectorSHT, DistributedRealSHT,
-                         DistributedRealVectorSHT)
+from .transforms import DistributedInverseRealSHT, DistributedRealSHT
+from .vector import DistributedInverseRealVectorSHT, DistributedRealVectorSHT
 
 __all__ = ["calculus", "DistributedRealSHT", "DistributedInverseRealSHT", "DistributedRealVectorSHT",
            "DistributedInverseRealVectorSHT"]

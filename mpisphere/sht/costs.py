@@ -17,9 +17,13 @@ import numpy
 from ..partition import split_sizes
 from .orders import order_assignment
 
-__all__ = ["table_entries", "RankCost", "sht_costs"]
+__all__ = ["table_entries", "row_table_entries", "RankCost", "sht_costs", "LEGENDRE_STRATEGIES",
+           "legendre_table_bytes", "choose_legendre", "default_table_budget"]
 
 TRANSPOSES = ("longitudes", "orders", "latitudes", "degrees")
+
+LEGENDRE_STRATEGIES = ("transpose", "reduce-scatter", "table-free")
+"""How a transform's Legendre step is spread over the polar ranks (see :mod:`mpisphere.sht.transforms`)."""
 
 
 def table_entries(lmax, orders, nlat, vector=False):
@@ -36,6 +40,67 @@ def table_entries(lmax, orders, nlat, vector=False):
         rows = max(top - start, 0)
         total += ((rows + 1) // 2) * n_half + (rows // 2) * n_north
     return total
+
+
+def row_table_entries(lmax, orders, nlat, vector=False):
+    """Table values held for ``orders`` at ``nlat`` latitudes without a parity split (the reduce-scatter tables)."""
+    top = lmax + 1 if vector else lmax
+    return nlat * sum(max(top - (max(m, 1) if vector else m), 0) for m in numpy.asarray(orders).tolist())
+
+
+def legendre_table_bytes(strategy, nlat, lmax, mmax, npolar, nazimuth, *, vector=False, dtype=numpy.float64,
+                         orders="contiguous"):
+    """The largest table a rank of the grid holds with ``strategy`` (bytes; 0 for ``"table-free"``).
+
+    ``"transpose"``: each rank's orders at every latitude, parity-split;
+    ``"reduce-scatter"``: its orders at its own latitudes, whole.
+    """
+    itemsize = numpy.dtype(dtype).itemsize
+    assignment = order_assignment(mmax, lmax, nazimuth, orders)
+    if strategy == "transpose":
+        return itemsize * max(table_entries(lmax, mine, nlat, vector) for mine in assignment)
+    if strategy == "reduce-scatter":
+        tallest = max(split_sizes(nlat, npolar))
+        return itemsize * max(row_table_entries(lmax, mine, tallest, vector) for mine in assignment)
+    return 0
+
+
+def default_table_budget():
+    """Half this machine's memory per CPU core (bytes): what ``legendre="auto"`` lets one rank's tables take.
+
+    The same on every rank of a machine where the nodes are alike; a
+    transform's resolved strategy is part of what its calls agree on, so
+    unlike nodes that resolve differently raise instead of hanging.
+    """
+    import os
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 30
+    return memory // (2 * max(os.cpu_count() or 1, 1))
+
+
+def choose_legendre(nlat, lmax, mmax, npolar, nazimuth, *, vector=False, dtype=numpy.float64, orders="contiguous",
+                    budget=None, table_free=True):
+    """The strategy ``legendre="auto"`` resolves to: ``(strategy, why)``.
+
+    Today's ``"transpose"`` whenever its tables fit ``budget`` (the fastest
+    measured here, docs/benchmarks.md); else ``"reduce-scatter"`` if its
+    tables (which shrink with every polar rank) fit; else ``"table-free"``
+    (scalar transforms, ducc0 installed), else ``"reduce-scatter"``.
+    """
+    budget = default_table_budget() if budget is None else budget
+    options = dict(vector=vector, dtype=dtype, orders=orders)
+    transpose = legendre_table_bytes("transpose", nlat, lmax, mmax, npolar, nazimuth, **options)
+    if transpose <= budget:
+        return "transpose", f"transpose tables of {transpose / 1e6:.1f} MB per rank fit {budget / 1e6:.0f} MB"
+    rows = legendre_table_bytes("reduce-scatter", nlat, lmax, mmax, npolar, nazimuth, **options)
+    if npolar > 1 and rows <= budget:
+        return "reduce-scatter", (f"transpose tables of {transpose / 1e6:.1f} MB exceed {budget / 1e6:.0f} MB; "
+                                  f"own-latitude tables of {rows / 1e6:.1f} MB fit")
+    if table_free and not vector:
+        return "table-free", f"tables of {min(transpose, rows) / 1e6:.1f} MB or more exceed {budget / 1e6:.0f} MB"
+    return "reduce-scatter", f"no strategy's tables fit {budget / 1e6:.0f} MB; the smallest tables"
 
 
 class RankCost(collections.namedtuple(

@@ -23,34 +23,55 @@ A transform is a list of stages, read like torch-harmonics' numbered steps::
     6. polar transpose: degrees split        6. azimuth transpose: longitudes split
 
 and the adjoint of each is the same list of stage adjoints in reverse (so
-``adjoint`` is the exact adjoint of the map, not its inverse). Batch and
+``adjoint`` is the exact adjoint of the map, not its inverse).
+
+Three Legendre strategies (``legendre=``) decide how the polar ranks share
+the Legendre step; all give the same coefficients to rounding:
+
+``"transpose"``
+    the steps above: a polar transpose gives every rank all latitudes of a
+    share of the batch; each rank holds its orders' tables at every
+    latitude, parity-split (the fastest here, docs/benchmarks.md, but the
+    tables do not shrink with the polar ranks).
+``"reduce-scatter"``
+    no polar transposes: each rank contracts its own latitudes into every
+    degree (tables of its orders at its latitudes only, ``(m_loc, L,
+    nlat_loc)``, so they shrink with every rank of the grid) and a
+    ``Reduce_scatter`` over ``grid.polar`` completes the sums and splits
+    the degrees; the synthesis gathers the degrees (``Allgatherv``) and
+    evaluates its own latitudes. torch-harmonics 0.9.3's distributed
+    transforms do the same.
+``"table-free"``
+    the reduce-scatter pattern with no tables at all: ducc0 evaluates the
+    functions on the fly (scalar transforms, host arrays), for grids whose
+    tables fit nowhere (2049 x 4096 and finer). Batch and
 component axes travel together through the transposes; only the batch is
 split over ranks, never the two components of a vector field.
 """
 
-import functools
 import math
 
 import numpy
 
 from .. import backend, dtypes
-from ..legendre import NORMS, degree_factors
-from ..agreement import agree
+from ..legendre import NORMS
+from ..agreement import agree, description_of
 from ..operators import DISTRIBUTED, FORWARD, InputError, Layout, LinearOperator, Spec
 from ..partition import split_offsets, split_sizes
 from ..validation import check_choice, check_dtype, check_int
+from ..primitives import ReduceScatter
 from ..transpose import Transpose
 from ..quadrature import latitudes, rule, truncate_sht
 from . import contraction as kernels
-from .coupling import VectorCoupling
+from . import costs
 from .fourier import FourierStage, Truncation, resolve_fft
 from .legendre_stage import LegendreStage
+from .own_latitudes import OwnLatitudeTables, TableFreeLegendre, own_latitude_tables, table_free_available
 from .pipeline import Pipeline
 from .orders import ORDER_LAYOUTS, order_assignment, order_permutation
-from .tables import scalar_tables, vector_tables
+from .tables import scalar_tables
 
-__all__ = ["DistributedRealSHT", "DistributedInverseRealSHT", "DistributedRealVectorSHT",
-           "DistributedInverseRealVectorSHT"]
+__all__ = ["Transform", "DistributedRealSHT", "DistributedInverseRealSHT"]
 
 
 def _reject_torch_harmonics_call(cls, args, kwargs):
@@ -68,7 +89,7 @@ def _reject_torch_harmonics_call(cls, args, kwargs):
         raise TypeError(f"{cls.__name__}: grid must be a ProcessGrid, got {type(grid).__name__}{hint}")
 
 
-class _Transform(LinearOperator):
+class Transform(LinearOperator):
     """What the four transforms share: arguments, splits, tables, pipelines per batch size."""
 
     _synthesis = False     # an inverse transform: coefficients in, fields out
@@ -80,7 +101,8 @@ class _Transform(LinearOperator):
         return super().__new__(cls)
 
     def __init__(self, grid, nlat, nlon, lmax=None, mmax=None, quadrature="equiangular", norm="ortho",
-                 csphase=True, dtype=numpy.float64, *, contraction="auto", orders="contiguous", fft="auto"):
+                 csphase=True, dtype=numpy.float64, *, contraction="auto", orders="contiguous", fft="auto",
+                 legendre="auto", max_table_bytes=None):
         who = self.name
         if getattr(grid, "freed", False):
             raise RuntimeError(f"{who}: the grid was freed (grid.free())")
@@ -121,6 +143,7 @@ class _Transform(LinearOperator):
         self.orders = check_choice(orders, ORDER_LAYOUTS, "orders", who)
         self._assignment = order_assignment(self.mmax, self.lmax, grid.nazimuth, orders)
         self.theta, self.weights = latitudes(self.nlat, self.quadrature)
+        self.legendre, self.legendre_reason = self._resolve_legendre(legendre, max_table_bytes)
         self.tile_shape = grid.local_shape(self.nlat, self.nlon)
         self.block_shape = (split_sizes(self.lmax, grid.npolar)[grid.polar_rank],
                             len(self._assignment[grid.azimuth_rank]))
@@ -137,6 +160,31 @@ class _Transform(LinearOperator):
         self.tables = self._build_tables()
         self._pipelines = backend.BoundedCache(4)
         self._scratch = backend.Workspace()
+
+    def _resolve_legendre(self, legendre, budget):
+        """The Legendre strategy (``legendre`` or what ``"auto"`` picks) and why."""
+        who = self.name
+        legendre = check_choice(legendre, ("auto",) + costs.LEGENDRE_STRATEGIES, "legendre", who)
+        if budget is not None:
+            budget = check_int(budget, "max_table_bytes", who, minimum=0)
+            if legendre != "auto":
+                raise ValueError(f"{who}: max_table_bytes is the budget legendre='auto' chooses by; "
+                                 f"legendre={legendre!r} does not use it")
+        vector = self._components > 1
+        if legendre == "table-free" and vector:
+            raise ValueError(f"{who}: legendre='table-free' is for scalar transforms (ducc0's spin-0 functions); "
+                             "use 'reduce-scatter' for vector fields")
+        if legendre == "table-free" and not table_free_available():
+            raise ImportError(f"{who}: legendre='table-free' needs ducc0: pip install 'mpisphere[ducc0]'")
+        if legendre != "auto":
+            return legendre, "chosen"
+        return costs.choose_legendre(self.nlat, self.lmax, self.mmax, self.grid.npolar, self.grid.nazimuth,
+                                     vector=vector, dtype=self.dtype, orders=self.orders, budget=budget,
+                                     table_free=table_free_available())
+
+    def _describe(self):
+        # the resolved strategy decides the messages: ranks that resolved "auto" differently must not meet
+        return f"{description_of(self)} legendre resolved to {self.legendre!r}"
 
     # --- what a rank holds -------------------------------------------------------------
 
@@ -202,12 +250,12 @@ class _Transform(LinearOperator):
         return 2.0 * math.pi * numpy.arange(lon.start, lon.stop) / self.nlon
 
     def table_bytes(self):
-        """Bytes of Legendre tables this transform uses on this rank (its own orders only).
+        """Bytes of Legendre tables this transform uses on this rank (its own orders only; 0 table-free).
 
         An analysis and a synthesis on one grid with the same parameters
         share one table: each reports it.
         """
-        return self.tables.nbytes()
+        return 0 if self.tables is None else self.tables.nbytes()
 
     # --- the shape contract ---------------------------------------------------------------
 
@@ -287,24 +335,50 @@ class _Transform(LinearOperator):
         The cache holds them weakly: they are freed with the last transform that uses them.
         """
         cache = self.grid.table_cache
-        key = (key, self.lmax, tuple(self.local_orders.tolist()), self.nlat, self.quadrature, self.csphase,
-               self.dtype.str)
+        key = (key, self.legendre, self.lmax, tuple(self.local_orders.tolist()), self.nlat, self.quadrature,
+               self.csphase, self.dtype.str)
         tables = cache.get(key)
         if tables is None:
             tables = cache[key] = build()
         return tables
+
+    def _own_latitudes(self):
+        """This rank's latitude rows (a slice of ``theta``)."""
+        lat, _ = self.grid.local_slices(self.nlat, self.nlon)
+        return lat
 
     def _build_tables(self):
         # unweighted (the analysis applies the weights in its contraction), so an analysis and a synthesis
         # share one table; norms other than "ortho" scale analysis and synthesis by different degree factors
         inverse = self._table_kind == "synthesis"
         key = ("scalar", self.norm, inverse if self.norm != "ortho" else None)
+        if self.legendre == "table-free":
+            return None
+        if self.legendre == "reduce-scatter":
+            theta = self.theta[self._own_latitudes()]
+            return self._shared_tables(key, lambda: own_latitude_tables(
+                "scalar", self.lmax, self.local_orders, theta, self.norm, self.csphase, inverse, self.dtype))
         return self._shared_tables(key, lambda: scalar_tables(self.lmax, self.local_orders, self.theta, None,
                                                               self.norm, self.csphase, inverse, self.dtype))
 
     def _legendre_weights(self):
-        """``2 pi w_k`` for an analysis (applied in its contraction), None for a synthesis."""
-        return 2.0 * math.pi * self.weights if self._table_kind == "analysis" else None
+        """``2 pi w_k`` (this rank's latitudes only, reduce-scatter) for an analysis, None for a synthesis."""
+        if self._table_kind != "analysis":
+            return None
+        weights = self.weights if self.legendre == "transpose" else self.weights[self._own_latitudes()]
+        return 2.0 * math.pi * weights
+
+    def _legendre_stage(self):
+        """The Legendre step of this transform's strategy (its forward is the analysis's contraction)."""
+        if self.legendre == "transpose":
+            return LegendreStage(self.tables, self.nlat, self.cdtype, self.contraction, self._layout,
+                                 self._legendre_weights())
+        h = self.tile_shape[0]
+        if self.legendre == "reduce-scatter":
+            return OwnLatitudeTables(self.tables, h, self.cdtype, self._layout, self._legendre_weights())
+        inverse = self._table_kind == "synthesis"
+        return TableFreeLegendre(self.lmax, self.local_orders, self.theta[self._own_latitudes()], self.norm,
+                                 self.csphase, inverse, self.cdtype, self._layout, self._legendre_weights())
 
     def _degree_stages(self):
         """Local stages between the Legendre step and the degree transpose (none for scalar fields)."""
@@ -312,22 +386,27 @@ class _Transform(LinearOperator):
 
     def _build_pipeline(self, batch):
         lon, orders, lat, degrees = self._transposes(batch, self.lmax)
-        legendre = LegendreStage(self.tables, self.nlat, self.cdtype, self.contraction, self._layout,
-                                 self._legendre_weights())
+        legendre = self._legendre_stage()
         fourier = FourierStage(self.nlon, self.dtype, self._synthesis, self._layout, self.fft)
         truncation = Truncation(self.mmax, self.nlon // 2 + 1, self._layout, order_permutation(self._assignment))
         extra = self._degree_stages()
+        if self.legendre != "transpose":
+            # each polar rank contracts its own latitudes into every degree; a Reduce_scatter over the polar
+            # ranks completes the sums and splits the degrees (the synthesis: an Allgatherv of the degrees)
+            lat = None
+            degrees = ReduceScatter(self.grid.polar, 2, self.lmax)
         # the memory layouts of the intermediates are the pipeline's to plan, from what the stages declare
+        polar = [] if lat is None else [lat]
         if not self._synthesis:
-            stages = [lon, fourier, truncation, orders, lat, legendre, *extra, degrees]
+            stages = [lon, fourier, truncation, orders, *polar, legendre, *extra, degrees]
             spec = Spec((batch, self._components) + self.tile_shape, self.dtype, False)
         else:
-            stages = [degrees.H, *extra, legendre.H, lat.H, orders.H, truncation.H, fourier, lon.H]
+            stages = [degrees.H, *extra, legendre.H, *[t.H for t in polar], orders.H, truncation.H, fourier, lon.H]
             spec = Spec((batch, self._components) + self.block_shape, self.cdtype, False)
         return Pipeline(stages, spec, self.grid.scratch)
 
 
-class DistributedRealSHT(_Transform):
+class DistributedRealSHT(Transform):
     """Forward real SHT of distributed tiles.
 
     Parameters
@@ -360,6 +439,15 @@ class DistributedRealSHT(_Transform):
         The real FFTs of NumPy arrays: ducc0's (about twice as fast as
         NumPy's on one core; ``pip install 'mpisphere[ducc0]'``) when
         installed (``"auto"``), else NumPy's. CuPy arrays use ``cupy.fft``.
+    legendre : {"auto", "transpose", "reduce-scatter", "table-free"}, keyword-only
+        How the Legendre step is spread over the polar ranks (see the module
+        notes). ``"auto"`` (default) keeps ``"transpose"`` while its tables
+        fit ``max_table_bytes`` and otherwise shrinks them; the choice and
+        why are in :attr:`legendre` and :attr:`legendre_reason`.
+    max_table_bytes : int, keyword-only
+        With ``legendre="auto"``: the most bytes of tables one rank may
+        hold (default :func:`~mpisphere.sht.costs.default_table_budget`, half
+        the machine's memory per core).
 
     Notes
     -----
@@ -375,7 +463,7 @@ class DistributedRealSHT(_Transform):
     _table_kind = "analysis"
 
 
-class DistributedInverseRealSHT(_Transform):
+class DistributedInverseRealSHT(Transform):
     """Inverse real SHT: coefficient blocks to distributed tiles.
 
     Same parameters as :class:`DistributedRealSHT`.
@@ -384,112 +472,6 @@ class DistributedInverseRealSHT(_Transform):
     -----
     ``forward``: ``(..., l_loc, m_loc)`` complex -> ``(..., h, w)`` real.
     ``adjoint``: the exact adjoint, ``(..., h, w)`` -> ``(..., l_loc, m_loc)``.
-    """
-
-    _synthesis = True
-    _table_kind = "synthesis"
-
-
-def _epsilon(l, m):
-    """``sqrt((l^2 - m^2) / (4 l^2 - 1))`` for ``l > m``, 0 otherwise (orthonormal recurrence coefficients)."""
-    l, m = numpy.broadcast_arrays(numpy.asarray(l, dtype=float), numpy.asarray(m, dtype=float))
-    out = numpy.zeros(l.shape)
-    above = l > m
-    out[above] = numpy.sqrt((l[above] ** 2 - m[above] ** 2) / (4.0 * l[above] ** 2 - 1.0))
-    return out
-
-
-class _VectorTransform(_Transform):
-    """A vector transform: the scalar Legendre kernel on both components, then a degree coupling.
-
-    The derivatives torch-harmonics' vector transforms use are combinations
-    of ``Q(l) = P(l, m) / sin(theta)`` (orthonormal, ``m >= 1``) at
-    neighbouring degrees::
-
-        d P(l, m) / d theta = l eps(l+1, m) Q(l+1) - (l+1) eps(l, m) Q(l-1)
-        m P(l, m) / sin(theta) = m Q(l)
-
-    with ``eps(l, m) = sqrt((l^2 - m^2) / (4 l^2 - 1))``; for ``m = 0``,
-    ``d P(l, 0) / d theta = -sqrt(l (l + 1)) P(l, 1)``. So both components are
-    contracted with one table of ``Q`` (``P(l, 1)`` for ``m = 0``) up to
-    degree ``lmax``, and the degree coupling (:class:`VectorCoupling`)
-    applies the recurrence, the norm's degree factors ``f(l)`` and, in the
-    analysis, torch-harmonics' ``1 / (l (l + 1))``. The Legendre work is two
-    scalar transforms' worth, not four.
-    """
-
-    _components = 2
-
-    def _build_tables(self):
-        return self._shared_tables(("vector",), lambda: vector_tables(self.lmax, self.local_orders, self.theta, None,
-                                                                      self.csphase, self.dtype))
-
-    @functools.cached_property
-    def _coupling(self):
-        """The degree coupling of this transform, built once and shared by its pipelines."""
-        m = self.local_orders[None, :].astype(float)
-        analysis = self._table_kind == "analysis"
-        if analysis:  # S_l from A_{l+1}, A_{l-1}, A_l, B_l for l < lmax
-            l = numpy.arange(self.lmax, dtype=float)[:, None]
-            f = degree_factors(self.lmax, self.norm, inverse=False)[:, None]
-            nf = numpy.ones_like(l)
-            nf[1:] = 1.0 / (l[1:] * (l[1:] + 1.0))
-            scale = nf * f
-            alpha = scale * l * _epsilon(l + 1, m)
-            beta = -scale * (l + 1) * _epsilon(l, m)
-            g = -scale * m
-            delta = numpy.where(m == 0, -scale * numpy.sqrt(l * (l + 1)), 0.0)
-            lin = self.lmax + 1
-        else:  # S'_j from S_{j-1}, S_{j+1}, S_j, T_j for j <= lmax
-            j = numpy.arange(self.lmax + 1, dtype=float)[:, None]
-            f = numpy.zeros((self.lmax + 2, 1))
-            f[:self.lmax] = degree_factors(self.lmax, self.norm, inverse=True)[:, None]
-            f_at = f[:self.lmax + 1]
-            f_below = numpy.vstack([[[0.0]], f[:self.lmax]])  # f(j - 1), zero at j = 0
-            f_above = f[1:self.lmax + 2]                      # f(j + 1), zero beyond lmax - 1
-            alpha = -(j + 2) * _epsilon(j + 1, m) * f_above
-            beta = (j - 1) * _epsilon(j, m) * f_below
-            g = m * f_at
-            delta = numpy.where(m == 0, -f_at * numpy.sqrt(j * (j + 1)), 0.0)
-            lin = self.lmax
-        zero_order = m[0] == 0
-        alpha, beta, g = (numpy.where(zero_order, 0.0, c) for c in (alpha, beta, g))
-        alpha, beta, delta, g = numpy.broadcast_arrays(alpha, beta, delta, g)
-        return VectorCoupling(alpha, beta, delta, g, lin, self.cdtype, self._layout)
-
-    def _degree_stages(self):
-        return [self._coupling]
-
-
-class DistributedRealVectorSHT(_VectorTransform):
-    """Forward real vector SHT of distributed tiles of tangent vector fields.
-
-    Parameters
-    ----------
-    grid : ProcessGrid
-    nlat, nlon : int
-    lmax, mmax : int, optional
-        Resolved by :func:`~mpisphere.truncate_sht`.
-    quadrature, norm, csphase, dtype, contraction, orders, fft
-        As for :class:`DistributedRealSHT` (the same signature).
-
-    Notes
-    -----
-    ``forward``: ``(..., 2, h, w)`` real (the colatitude and longitude
-    components of this rank's tile, torch-harmonics' order and signs) ->
-    ``(..., 2, l_loc, m_loc)`` complex (the two coefficient components of
-    torch-harmonics' ``RealVectorSHT``, in its order). ``adjoint``: the exact
-    adjoint. The two components are never split over ranks.
-    """
-
-    _table_kind = "analysis"
-
-
-class DistributedInverseRealVectorSHT(_VectorTransform):
-    """Inverse real vector SHT: coefficient blocks ``(..., 2, l_loc, m_loc)`` to tiles ``(..., 2, h, w)``.
-
-    Same parameters as :class:`DistributedRealVectorSHT`; values as
-    torch-harmonics' ``InverseRealVectorSHT``.
     """
 
     _synthesis = True

@@ -1,0 +1,164 @@
+"""The three Legendre strategies: each against the serial reference, against each other, dot tests, the choice."""
+
+import numpy
+import pytest
+from mpi4py import MPI
+
+import mpisphere
+from mpisphere import (DistributedInverseRealSHT, DistributedInverseRealVectorSHT, DistributedRealSHT,
+                       DistributedRealVectorSHT, dottest)
+from mpisphere.sht import costs
+
+from helpers import random_array, rank_rng, tile
+from test_sht import QUADRATURES, reference_forward, reference_inverse
+
+pytestmark = pytest.mark.mpi
+
+STRATEGIES = ["transpose", "reduce-scatter", "table-free"]
+TOLERANCE = {numpy.dtype(numpy.float64): 1e-12, numpy.dtype(numpy.float32): 2e-5}
+
+
+def global_max(comm, a):
+    return comm.allreduce(float(abs(a).max()) if a.size else 0.0, op=MPI.MAX)
+
+
+def assert_close(grid, got, want, dtype, what):
+    """``|got - want|`` within the dtype's rounding times the largest entry anywhere (a bound that cannot cancel)."""
+    bound = TOLERANCE[numpy.dtype(dtype)] * global_max(grid.cart, want)
+    error = float(abs(got - want).max()) if got.size else 0.0
+    assert error <= bound, f"{what}: error {error:.2e} > {bound:.2e}"
+
+
+def whole_coefficients(sht, rng, batch):
+    """Random coefficients of a real field on the whole ``(lmax, mmax)``: triangular, real at m = 0."""
+    c = rng.standard_normal((batch, sht.lmax, sht.mmax)) + 1j * rng.standard_normal((batch, sht.lmax, sht.mmax))
+    c *= numpy.tril(numpy.ones((sht.lmax, sht.mmax)))
+    c[..., 0] = c[..., 0].real
+    return c
+
+
+def my_block(sht, whole):
+    return whole[..., sht.local_degrees, :][..., sht.local_orders]
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("quadrature", QUADRATURES)
+@pytest.mark.parametrize("orders", ["contiguous", "balanced"])
+@pytest.mark.parametrize("dtype", [numpy.float64, numpy.float32], ids=["float64", "float32"])
+def test_scalar_strategies_match_the_serial_reference(grid, rng, strategy, quadrature, orders, dtype):
+    nlat, nlon = 19, 36  # uneven over 2, 3, 4 and 6 polar ranks
+    options = dict(quadrature=quadrature, orders=orders, dtype=dtype, legendre=strategy)
+    sht = DistributedRealSHT(grid, nlat, nlon, **options)
+    isht = DistributedInverseRealSHT(grid, nlat, nlon, **options)
+    assert sht.legendre == isht.legendre == strategy
+    field = rng.standard_normal((2, nlat, nlon))
+    c = sht.forward(tile(field, grid).astype(dtype))
+    expected = reference_forward(field, sht.lmax, sht.mmax, quadrature)
+    assert_close(grid, c, my_block(sht, expected), dtype, f"forward, {strategy}")
+    coeffs = whole_coefficients(sht, rng, 2)
+    x = isht.forward(my_block(isht, coeffs).astype(isht.cdtype))
+    expected = reference_inverse(coeffs, nlat, nlon, quadrature)
+    assert_close(grid, x, tile(expected, grid), dtype, f"inverse, {strategy}")
+
+
+@pytest.mark.parametrize("norm, csphase", [("ortho", True), ("schmidt", False), ("four-pi", True)])
+def test_norms_and_phases_of_the_table_free_path(grid, rng, norm, csphase):
+    """ducc0's functions are the orthonormal ones with the Condon-Shortley phase: the others come from factors."""
+    nlat, nlon = 16, 30
+    field = rng.standard_normal((3, nlat, nlon))
+    options = dict(quadrature="legendre-gauss", norm=norm, csphase=csphase, legendre="table-free")
+    sht = DistributedRealSHT(grid, nlat, nlon, **options)
+    expected = reference_forward(field, sht.lmax, sht.mmax, "legendre-gauss", norm, csphase)
+    assert_close(grid, sht.forward(tile(field, grid)), my_block(sht, expected), numpy.float64, "forward")
+    isht = DistributedInverseRealSHT(grid, nlat, nlon, **options)
+    coeffs = whole_coefficients(isht, rng, 3)
+    expected = reference_inverse(coeffs, nlat, nlon, "legendre-gauss", norm, csphase)
+    assert_close(grid, isht.forward(my_block(isht, coeffs)), tile(expected, grid), numpy.float64, "inverse")
+
+
+@pytest.mark.parametrize("cls", [DistributedRealVectorSHT, DistributedInverseRealVectorSHT])
+@pytest.mark.parametrize("orders", ["contiguous", "balanced"])
+def test_vector_reduce_scatter_equals_the_transpose_strategy(grid, cls, orders):
+    """The degree coupling is linear: applied to each rank's partial sums before the Reduce_scatter, it is exact."""
+    options = dict(quadrature="equiangular", orders=orders)
+    reference = cls(grid, 19, 36, legendre="transpose", **options)
+    op = cls(grid, 19, 36, legendre="reduce-scatter", **options)
+    dtype = reference.cdtype if cls._synthesis else reference.dtype
+    x = random_array(rank_rng(grid.cart, 5), reference.domain_shape((3,)), dtype)
+    assert_close(grid, op.forward(x), reference.forward(x), numpy.float64, "forward")
+    y = random_array(rank_rng(grid.cart, 6), reference.range_shape((3,)), reference.dtype if cls._synthesis
+                     else reference.cdtype)
+    assert_close(grid, op.adjoint(y), reference.adjoint(y), numpy.float64, "adjoint")
+
+
+SCALAR = [DistributedRealSHT, DistributedInverseRealSHT]
+VECTOR = [DistributedRealVectorSHT, DistributedInverseRealVectorSHT]
+
+
+@pytest.mark.parametrize("strategy, cls", [(s, c) for s in STRATEGIES for c in SCALAR + VECTOR
+                                           if s != "table-free" or c in SCALAR],
+                         ids=lambda v: v if isinstance(v, str) else v.__name__)
+@pytest.mark.parametrize("quadrature", ["equiangular", "lobatto"])
+def test_dottest_of_every_strategy(grid, strategy, cls, quadrature):
+    op = cls(grid, 17, 33, quadrature=quadrature, legendre=strategy)
+    assert dottest(op, lead=(2,), dtype=op.cdtype if cls._synthesis else op.dtype, seed=3) <= 1e-13
+
+
+def test_reduce_scatter_tables_shrink_with_every_polar_rank(grid):
+    nlat, nlon = 41, 80
+    for strategy in ("transpose", "reduce-scatter"):
+        sht = DistributedRealSHT(grid, nlat, nlon, legendre=strategy)
+        largest = grid.cart.allreduce(sht.table_bytes(), op=MPI.MAX)
+        counted = costs.legendre_table_bytes(strategy, nlat, sht.lmax, sht.mmax, grid.npolar, grid.nazimuth)
+        assert largest == counted, strategy
+    whole = costs.legendre_table_bytes("reduce-scatter", nlat, sht.lmax, sht.mmax, 1, grid.nazimuth)
+    assert counted <= whole / grid.npolar + whole / nlat * grid.npolar  # the own latitudes of the tallest tile
+    assert DistributedRealSHT(grid, nlat, nlon, legendre="table-free").table_bytes() == 0
+
+
+def test_auto_keeps_the_transpose_where_its_tables_fit_and_shrinks_them_where_not(grid):
+    assert DistributedRealSHT(grid, 41, 80).legendre == "transpose"  # the default budget: half a core's memory
+    tight = DistributedRealSHT(grid, 41, 80, max_table_bytes=0)
+    assert tight.legendre == "table-free" and "exceed" in tight.legendre_reason
+    vector = DistributedRealVectorSHT(grid, 41, 80, max_table_bytes=0)
+    assert vector.legendre == "reduce-scatter"
+    lmax, mmax = vector.lmax, vector.mmax
+    between = costs.legendre_table_bytes("reduce-scatter", 41, lmax, mmax, grid.npolar, grid.nazimuth, vector=True)
+    chosen = DistributedRealVectorSHT(grid, 41, 80, max_table_bytes=between).legendre
+    transpose = costs.legendre_table_bytes("transpose", 41, lmax, mmax, grid.npolar, grid.nazimuth, vector=True)
+    assert chosen == ("transpose" if transpose <= between else "reduce-scatter")
+
+
+def test_bad_strategies_raise(grid):
+    with pytest.raises(ValueError, match="legendre must be one of 'auto', 'transpose', 'reduce-scatter', "
+                                         "'table-free', got 'fast'"):
+        DistributedRealSHT(grid, 17, 32, legendre="fast")
+    with pytest.raises(ValueError, match="table-free' is for scalar transforms"):
+        DistributedRealVectorSHT(grid, 17, 32, legendre="table-free")
+    with pytest.raises(ValueError, match="max_table_bytes is the budget legendre='auto' chooses by"):
+        DistributedRealSHT(grid, 17, 32, legendre="transpose", max_table_bytes=10)
+    with pytest.raises(ValueError, match="max_table_bytes must be non-negative"):
+        DistributedRealSHT(grid, 17, 32, max_table_bytes=-1)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_ranks_that_resolve_auto_differently_raise_on_every_rank(grid):
+    """The resolved strategy is part of what a call agrees on: unlike nodes raise instead of hanging."""
+    budget = 0 if grid.rank == 0 else 1 << 40
+    sht = DistributedRealSHT(grid, 17, 32, max_table_bytes=budget)
+    assert sht.legendre == ("table-free" if grid.rank == 0 else "transpose")
+    with pytest.raises(ValueError, match="legendre resolved to"):
+        sht.forward(numpy.zeros(sht.domain_shape((2,))))
+
+
+def test_strategies_give_the_same_shallow_water_step(grid):
+    """A model built on reduce-scatter transforms steps like the default one (to rounding)."""
+    from mpisphere.examples import ShallowWaterSolver
+    swe = ShallowWaterSolver(grid, 16, 32, dt=300.0, quadrature="legendre-gauss")
+    u = swe.timestep(swe.galewsky_initial_condition(), 2)
+    for op in (swe.sht, swe.isht):
+        assert op.legendre == "transpose"
+    other = DistributedRealSHT(grid, 16, 32, quadrature="legendre-gauss", csphase=False, legendre="reduce-scatter")
+    fields = swe.spec2grid(u)
+    assert_close(grid, other.forward(fields), swe.grid2spec(fields), numpy.float64, "grid2spec")
+    assert mpisphere.DistributedRealSHT is DistributedRealSHT
