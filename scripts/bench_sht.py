@@ -5,6 +5,7 @@
     mpiexec -n 4 python scripts/bench_sht.py        # 2 x 2
     mpiexec -n 1 python scripts/bench_sht.py --large --json sht.json
     mpiexec -n 4 python scripts/bench_sht.py --vector-only   # vector against scalar transforms
+    mpiexec -n 4 python scripts/bench_sht.py --km            # 2049 x 4096, lmax 1025, table-free, vs ducc0
 
 Reference problem: 32 real fields of 361 x 720 (0.5 degree, equiangular),
 float64, default truncation (lmax = 361, mmax = 361). Each figure is the
@@ -18,6 +19,7 @@ by each rank (its own orders only) and the process's peak resident size.
 """
 
 import argparse
+import gc
 import resource
 import sys
 import time
@@ -27,6 +29,7 @@ from mpi4py import MPI
 
 import mpisphere
 from benchtools import measure, write_results
+from mpisphere.sht import costs
 from mpisphere import (DistributedInverseRealSHT, DistributedInverseRealVectorSHT, DistributedRealSHT,
                        DistributedRealVectorSHT, ProcessGrid)
 
@@ -39,7 +42,8 @@ def bench_grid(grid, args, xp, sync):
     nlat, nlon, batch = args.nlat, args.nlon, args.batch
     dtype = numpy.dtype(args.dtype)
     start = time.perf_counter()
-    options = dict(quadrature=args.quadrature, dtype=dtype, fft=args.fft, orders=args.orders)
+    options = dict(quadrature=args.quadrature, dtype=dtype, fft=args.fft, orders=args.orders,
+                   legendre=args.legendre or "auto")
     sht = DistributedRealSHT(grid, nlat, nlon, args.lmax, args.lmax, **options)
     isht = DistributedInverseRealSHT(grid, nlat, nlon, args.lmax, args.lmax, **options)
     setup = grid.cart.allreduce(time.perf_counter() - start, op=MPI.MAX)
@@ -68,7 +72,8 @@ def bench_vector_grid(grid, args, xp, sync):
     """Vector transforms of ``batch`` winds against scalar transforms of ``batch`` fields, in the same run."""
     nlat, nlon, batch = args.nlat, args.nlon, args.batch
     dtype = numpy.dtype(args.dtype)
-    options = dict(quadrature=args.quadrature, dtype=dtype, fft=args.fft, orders=args.orders)
+    options = dict(quadrature=args.quadrature, dtype=dtype, fft=args.fft, orders=args.orders,
+                   legendre=args.legendre or "auto")
     sht = DistributedRealSHT(grid, nlat, nlon, args.lmax, args.lmax, **options)
     isht = DistributedInverseRealSHT(grid, nlat, nlon, args.lmax, args.lmax, **options)
     vsht = DistributedRealVectorSHT(grid, nlat, nlon, args.lmax, args.lmax, **options)
@@ -207,6 +212,105 @@ def bench_interleaved(args):
         {"case": "ratio inverse/synthesis_2d", "value": float(ratio_i)}]
 
 
+def _ducc0_index(lmax_d):
+    """Index of ``(l, m)`` in ducc0's triangular alm layout (``mmax = lmax_d``), as a function of both."""
+    return lambda l, m: m * (2 * lmax_d + 1 - m) // 2 + l
+
+
+def km_coefficients(b, lmax):
+    """Field ``b``'s band-limited coefficients, the whole ``(lmax, lmax)`` (the same on every rank)."""
+    rng = numpy.random.default_rng(100 + b)
+    whole = rng.standard_normal((lmax, lmax)) + 1j * rng.standard_normal((lmax, lmax))
+    whole *= numpy.tril(numpy.ones((lmax, lmax), dtype=bool))
+    whole[:, 0] = whole[:, 0].real
+    return whole
+
+
+def bench_km(args):
+    """The kilometre-scale problem: 2049 x 4096 equiangular, lmax = mmax = 1025, 4 fields, forward and inverse.
+
+    Each rank holds only its tile, its coefficient block and no table (legendre="table-free" unless
+    --legendre says otherwise). The inverse of band-limited coefficients and the forward of the result
+    are checked against ducc0 on the gathered field, one field at a time on rank 0, and timed against
+    ducc0 doing the same fields there (one thread) in the same run. Every rank's peak RSS is reported.
+    """
+    import ducc0
+    world = MPI.COMM_WORLD
+    size = world.Get_size()
+    nlat, nlon, lmax, batch = 2049, 4096, 1025, args.batch
+    npolar, nazimuth = (2, 2) if size == 4 else tuple(MPI.Compute_dims(size, 2))
+    legendre = args.legendre or "table-free"
+    with ProcessGrid(world, npolar, nazimuth) as grid:
+        options = dict(quadrature="equiangular", legendre=legendre)
+        sht = DistributedRealSHT(grid, nlat, nlon, lmax, lmax, **options)
+        isht = DistributedInverseRealSHT(grid, nlat, nlon, lmax, lmax, **options)
+        degrees, orders = sht.local_degrees, sht.local_orders
+        c = numpy.stack([km_coefficients(b, lmax)[degrees][:, orders] for b in range(batch)])
+        x = isht.forward(c)
+        y = sht.forward(x)
+        inverse = measure(grid.cart, lambda: isht.forward(c, out=x), args.repeats, 1)
+        forward = measure(grid.cart, lambda: sht.forward(x, out=y), args.repeats, 1)
+        # the check and ducc0's time, one field at a time on rank 0; the transforms' buffers are dropped first
+        # (they are rebuilt on a next call), so that rank 0 holds one whole field and ducc0's map besides its tile
+        sht.free()
+        isht.free()
+        gc.collect()
+        lmax_d = lmax - 1
+        index = _ducc0_index(lmax_d)
+        worst = {"inverse": 0.0, "forward": 0.0}
+        ducc = {"synthesis_2d": 0.0, "analysis_2d": 0.0}
+        for b in range(batch):
+            field = grid.gather(x[b])
+            coefficients = sht.gather_coefficients(y[b])
+            if grid.rank == 0:
+                whole = km_coefficients(b, lmax)
+                alm = numpy.zeros((1, (lmax_d + 1) * (lmax_d + 2) // 2), dtype=numpy.complex128)
+                for m in range(lmax):
+                    alm[0, index(m, m):index(m, m) + lmax - m] = whole[m:, m]
+                reference = numpy.empty((1, nlat, nlon))
+                start = time.perf_counter()
+                ducc0.sht.experimental.synthesis_2d(alm=alm, map=reference, spin=0, lmax=lmax_d, geometry="CC",
+                                                    nthreads=1)
+                ducc["synthesis_2d"] += time.perf_counter() - start
+                worst["inverse"] = max(worst["inverse"], float(abs(field - reference[0]).max() /
+                                                               abs(reference).max()))
+                analysed = numpy.zeros_like(alm)
+                start = time.perf_counter()
+                ducc0.sht.experimental.analysis_2d(map=field[None], alm=analysed, spin=0, lmax=lmax_d,
+                                                   geometry="CC", nthreads=1)
+                ducc["analysis_2d"] += time.perf_counter() - start
+                ours = numpy.zeros_like(alm)
+                for m in range(lmax):
+                    ours[0, index(m, m):index(m, m) + lmax - m] = coefficients[m:, m]
+                worst["forward"] = max(worst["forward"], float(abs(ours - analysed).max() / abs(analysed).max()))
+                del field, reference, analysed, ours, alm, whole
+            grid.cart.Barrier()
+        rss = grid.cart.gather(peak_rss_mb(), root=0)
+        tables = grid.cart.allreduce(sht.table_bytes() + isht.table_bytes(), op=MPI.MAX)
+        transpose_tables = costs.legendre_table_bytes("transpose", nlat, lmax, lmax, npolar, nazimuth)
+        if grid.rank != 0:
+            return []
+        ratio_i = inverse[0] / (1e3 * ducc["synthesis_2d"])
+        ratio_f = forward[0] / (1e3 * ducc["analysis_2d"])
+        print(f"km-scale: {batch} x {nlat} x {nlon} equiangular, lmax = mmax = {lmax}, {npolar} x {nazimuth} ranks, "
+              f"legendre={sht.legendre!r}, tables {tables / 2 ** 20:.1f} MiB per rank (the transpose strategy would "
+              f"hold {transpose_tables / 2 ** 20:.0f} MiB)")
+        print(f"  inverse {inverse[0]:9.1f} ms [{inverse[1]:.1f}..{inverse[2]:.1f}]  ducc0 synthesis_2d of the same "
+              f"{batch} fields on one rank {1e3 * ducc['synthesis_2d']:.1f} ms: ratio {ratio_i:.2f}")
+        print(f"  forward {forward[0]:9.1f} ms [{forward[1]:.1f}..{forward[2]:.1f}]  ducc0 analysis_2d "
+              f"{1e3 * ducc['analysis_2d']:.1f} ms: ratio {ratio_f:.2f}")
+        print(f"  largest difference from ducc0, relative to the largest value: inverse {worst['inverse']:.1e}, "
+              f"forward {worst['forward']:.1e}")
+        print(f"  peak RSS per rank: {', '.join(f'{r:.0f}' for r in rss)} MiB (largest {max(rss):.0f})")
+        return [{"case": "km inverse", "median_ms": inverse[0], "min_ms": inverse[1], "max_ms": inverse[2],
+                 "ducc0_ms": 1e3 * ducc["synthesis_2d"], "ratio": ratio_i, "max_rel_diff": worst["inverse"]},
+                {"case": "km forward", "median_ms": forward[0], "min_ms": forward[1], "max_ms": forward[2],
+                 "ducc0_ms": 1e3 * ducc["analysis_2d"], "ratio": ratio_f, "max_rel_diff": worst["forward"]},
+                {"case": "km peak RSS", "peak_rss_mib": rss, "table_mib": tables / 2 ** 20,
+                 "transpose_table_mib": transpose_tables / 2 ** 20, "legendre": sht.legendre,
+                 "grid": f"{npolar}x{nazimuth}"}]
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nlat", type=int, default=361)
@@ -228,8 +332,19 @@ def main(argv=None):
     parser.add_argument("--vector-only", action="store_true", help="only the vector rows")
     parser.add_argument("--interleaved", action="store_true",
                         help="one rank: mpisphere and ducc0 alternately, round by round (the fair ratio)")
+    parser.add_argument("--km", action="store_true",
+                        help="2049 x 4096 equiangular, lmax = mmax = 1025, 4 fields, every rank's peak RSS, vs ducc0")
+    parser.add_argument("--legendre", default=None, choices=["auto", "transpose", "reduce-scatter", "table-free"],
+                        help="the transforms' Legendre strategy (default: auto; table-free with --km)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
+    if args.km:
+        args.batch = 4 if args.batch == 32 else args.batch
+        rows = bench_km(args)
+        if args.json and rows:
+            write_results(args.json, {"ranks": MPI.COMM_WORLD.Get_size(), "batch": args.batch, "nlat": 2049,
+                                      "nlon": 4096, "lmax": 1025}, rows)
+        return 0
     args.vector = args.vector or args.vector_only
     if args.large:
         args.nlat, args.nlon = 721, 1440

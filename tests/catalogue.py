@@ -26,8 +26,9 @@ SWE_NLAT, SWE_NLON = 12, 24  # the tangent-linear model's grid (Gauss): small, e
 
 
 def host_only(op):
-    """Operators that take host arrays only (the tangent-linear model's trajectory lives on the host)."""
-    return type(op).__name__ in ("TangentLinearModel", "LinearisedProducts")
+    """Operators that take host arrays only (the tangent-linear model's trajectory lives on the host; ducc0)."""
+    return type(op).__name__ in ("TangentLinearModel", "LinearisedProducts") or \
+        getattr(op, "legendre", None) == "table-free"
 
 
 def operators(grid):
@@ -59,6 +60,10 @@ def operators(grid):
         (isht, (2,), numpy.complex128, local),
         (vsht, (2,), numpy.float64, local),
         (ivsht, (2,), numpy.complex128, local),
+        # the other Legendre strategies: a polar Reduce_scatter (and its Allgatherv) instead of the transposes
+        (DistributedRealSHT(grid, NLAT, NLON, legendre="reduce-scatter"), (2,), numpy.float64, local),
+        (DistributedInverseRealVectorSHT(grid, NLAT, NLON, legendre="reduce-scatter"), (2,), numpy.complex128, local),
+        (DistributedInverseRealSHT(grid, NLAT, NLON, legendre="table-free"), (2,), numpy.complex128, local),
         (PointInterpolation(grid, NLAT, NLON, lats, lons), (2,), numpy.float64, local),
         (calculus.laplacian(sht, 2.0), (2,), numpy.complex128, local),
         (calculus.hyperdiffusion(isht, 600.0), (2,), numpy.complex128, local),

@@ -186,6 +186,17 @@ class Transform(LinearOperator):
         # the resolved strategy decides the messages: ranks that resolved "auto" differently must not meet
         return f"{description_of(self)} legendre resolved to {self.legendre!r}"
 
+    def free(self):
+        """Drop the cached pipelines (their transposes' buffers with them) and the grid's shared scratch.
+
+        Everything is rebuilt on the next call; the tables stay. For a
+        program that transforms once and then needs the memory for
+        something else. Not collective.
+        """
+        self._pipelines.clear()
+        self._scratch.clear()
+        self.grid.scratch.clear()
+
     # --- what a rank holds -------------------------------------------------------------
 
     @property
