@@ -162,3 +162,13 @@ def test_strategies_give_the_same_shallow_water_step(grid):
     fields = swe.spec2grid(u)
     assert_close(grid, other.forward(fields), swe.grid2spec(fields), numpy.float64, "grid2spec")
     assert mpisphere.DistributedRealSHT is DistributedRealSHT
+
+
+def test_free_drops_the_buffers_and_the_next_call_rebuilds_them(grid):
+    sht = DistributedRealSHT(grid, 17, 32, legendre="table-free")
+    x = random_array(rank_rng(grid.cart, 8), sht.domain_shape((2,)), numpy.float64)
+    before = sht.forward(x)
+    assert grid.scratch.nbytes() > 0
+    sht.free()
+    assert grid.scratch.nbytes() == 0
+    numpy.testing.assert_array_equal(sht.forward(x), before)
