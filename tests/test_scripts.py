@@ -48,6 +48,9 @@ def test_fourdvar_lowers_the_error(tmp_path):
                       "--vector", "--no-ducc0"]),
     ("bench_swe.py", ["--nlat", "32", "--nlon", "64", "--repeats", "1", "--warmup", "0", "--tl-steps", "2"]),
     ("bench_primitives.py", ["--nlat", "33", "--nlon", "64", "--batch", "2", "--repeats", "1", "--warmup", "0"]),
+    ("bench_sht.py", ["--nlat", "33", "--nlon", "64", "--batch", "2", "--repeats", "1", "--warmup", "0",
+                      "--no-ducc0", "--legendre", "table-free"]),
+    ("bench_overlap.py", ["--nlat", "33", "--mmax", "17", "--batch", "4", "--repeats", "1", "--warmup", "0"]),
 ])
 def test_benchmarks_run(tmp_path, script, args):
     out = launch(2, script, *args, cwd=tmp_path)
