@@ -184,7 +184,8 @@ class Transform(LinearOperator):
 
     def _describe(self):
         # the resolved strategy decides the messages: ranks that resolved "auto" differently must not meet
-        return f"{description_of(self)} legendre resolved to {self.legendre!r}"
+        text = description_of(self)
+        return f"{text[:-1]}, legendre resolved={self.legendre!r})"
 
     def free(self):
         """Drop the cached pipelines (their transposes' buffers with them) and the grid's shared scratch.
