@@ -3,6 +3,8 @@
     python scripts/scaling_model.py                     # 721 x 1440, 100 fields, float64 and float32, 1..1024 ranks
     python scripts/scaling_model.py --markdown          # the tables of docs/scaling.md
     mpiexec -n 4 python scripts/scaling_model.py --check   # the model against a measured run on this machine
+    python scripts/scaling_model.py --km --markdown     # 4001 x 8000, lmax 2000, every Legendre strategy, 16,384 ranks
+    mpiexec -n 4 python scripts/scaling_model.py --check --legendre all   # each strategy against a run here
 
 Per rank and transform (forward; the inverse has the same counts reversed),
 from :func:`mpisphere.sht.costs.sht_costs` (the counts a test checks against
@@ -25,7 +27,16 @@ count gets the grid shape (npolar x nazimuth) with the smallest modelled time.
 torch-harmonics' distributed SHT is modelled on the same terms: the same
 four transposes with its padded splits, and its Legendre step as one
 contraction over the full rectangle of (l, m) and all latitudes (no
-triangle, no parity split): 4 times the multiply-adds of mpisphere's.
+triangle, no parity split): 4 times the multiply-adds of mpisphere's. Its
+0.9.3 algorithm (``--legendre reduce-scatter``) contracts its own latitudes
+into every degree for the whole batch, then reduce-scatters the degrees.
+
+The Legendre strategies (``--legendre``): ``transpose`` as above;
+``reduce-scatter`` has no polar transposes but contracts each rank's own
+latitudes (no parity split) for the whole batch and reduce-scatters every
+degree's partial sums (time as a transpose of those bytes);
+``table-free`` is the same pattern at ducc0's measured rate per function
+value and field (the recurrence on the fly, one field per call).
 """
 
 import argparse
@@ -36,7 +47,7 @@ import time
 import numpy
 
 from mpisphere import truncate_sht
-from mpisphere.sht.costs import sht_costs
+from mpisphere.sht.costs import LEGENDRE_STRATEGIES, sht_costs
 
 
 def _median_seconds(fn, repeats=5):
@@ -78,6 +89,24 @@ class LegendreRate:
         return ", ".join(f"{c:.0f}: {r / 1e9:.2f}" for c, r in zip(self.columns, self.rates))
 
 
+def measure_table_free_rate(dtype, nlat=361, lmax=181, fields=8):
+    """ducc0's leg2alm on one rank's latitudes and orders: function values times real columns a second."""
+    from mpi4py import MPI
+
+    from mpisphere import Layout
+    from mpisphere.quadrature import latitudes
+    from mpisphere.sht.costs import row_table_entries
+    from mpisphere.sht.own_latitudes import TableFreeLegendre
+    theta, _ = latitudes(nlat, "equiangular")
+    orders = numpy.arange(lmax)
+    stage = TableFreeLegendre(lmax, orders, theta, "ortho", True, False, numpy.result_type(dtype, numpy.complex64),
+                              Layout("distributed", MPI.COMM_SELF))
+    x = (numpy.random.default_rng(0).standard_normal((fields, 1, nlat, lmax)) + 0j).astype(stage.dtype)
+    out = numpy.empty((fields, 1, lmax, lmax), stage.dtype)
+    seconds = _median_seconds(lambda: stage._run("forward", x, out, None), 7)
+    return row_table_entries(lmax, orders, nlat) * 2 * fields / seconds
+
+
 def measure_rates(dtype):
     """The Legendre contraction's :class:`LegendreRate`, flops/s of the real FFT, bytes/s of a transposing copy.
 
@@ -116,30 +145,38 @@ def measure_rates(dtype):
         rate_legendre = LegendreRate(columns, [sht.tables.multiply_adds(c) / t for c, t in zip(columns, seconds)])
         rate_fft = 2.5 * nlon * math.log2(nlon) * batch * nlat / seconds[-2]
         rate_copy = source.nbytes / seconds[-1]
-    return rate_legendre, rate_fft, rate_copy
+    return rate_legendre, rate_fft, rate_copy, measure_table_free_rate(dtype)
 
 
-def th_costs(nlat, nlon, lmax, mmax, npolar, nazimuth, batch, itemsize):
+def th_costs(nlat, nlon, lmax, mmax, npolar, nazimuth, batch, itemsize, legendre="transpose"):
     """torch-harmonics' algorithm in the same terms: padded splits, full-rectangle Legendre.
 
-    Returns multiply-adds, FFT flops, bytes sent and messages per transpose,
-    and the real columns of its contraction (2 per field of a polar rank).
+    ``legendre="reduce-scatter"``: its 0.9.3 algorithm (own latitudes, the
+    whole batch, a Reduce_scatter of the degrees instead of the polar
+    transposes). Returns multiply-adds, FFT flops, bytes sent and messages
+    per exchange, and the real columns of its contraction.
     """
     pad = lambda n, p: -(-n // p)  # noqa: E731
     padded = pad(batch, max(npolar, nazimuth)) * max(npolar, nazimuth)
     h, w, m, l = pad(nlat, npolar), pad(nlon, nazimuth), pad(mmax, nazimuth), pad(lmax, npolar)
     bp, ba = padded // npolar, padded // nazimuth
-    madds = 2 * bp * m * lmax * nlat
     fft = 2.5 * nlon * math.log2(nlon) * ba * h
     c = 2 * itemsize
+    if legendre != "transpose":
+        madds = 2 * padded * m * lmax * h
+        sent = ((padded - ba) * h * w * itemsize, ba * h * (mmax - m) * c, 0, padded * (lmax - l) * m * c)
+        return madds, fft, sent, (nazimuth - 1, nazimuth - 1, 0, npolar - 1), 2 * padded
+    madds = 2 * bp * m * lmax * nlat
     sent = ((padded - ba) * h * w * itemsize, ba * h * (mmax - m) * c, (padded - bp) * h * m * c,
             bp * (lmax - l) * m * c)
     messages = (nazimuth - 1, nazimuth - 1, npolar - 1, npolar - 1)
     return madds, fft, sent, messages, 2 * bp
 
 
-def model_time(costs, rates, latency, bandwidth, itemsize):
-    rate_legendre, rate_fft, rate_copy = rates
+def model_time(costs, rates, latency, bandwidth, itemsize, legendre="transpose"):
+    rate_legendre, rate_fft, rate_copy, rate_table_free = rates
+    if legendre == "table-free":
+        rate_legendre = lambda columns: rate_table_free  # noqa: E731 -- one field a call: no column effect
     compute = max(_legendre_seconds(c, rate_legendre, itemsize) + c.fft_flops / rate_fft
                   + 2 * sum(c.sent) / rate_copy for c in costs)
     communicate = sum(max(c.messages[t] * latency + c.sent[t] / bandwidth for c in costs) for t in range(4))
@@ -147,11 +184,11 @@ def model_time(costs, rates, latency, bandwidth, itemsize):
 
 
 def _legendre_seconds(cost, rate, itemsize):
-    """A rank's contraction time at the rate of its column count (multiply-adds per stored entry)."""
-    entries = cost.table_bytes // itemsize
-    if not entries or not cost.legendre_multiply_adds:
+    """A rank's contraction time at the rate of its column count (multiply-adds per function value)."""
+    values = cost.legendre_values
+    if not values or not cost.legendre_multiply_adds:
         return 0.0
-    return cost.legendre_multiply_adds / rate(cost.legendre_multiply_adds / entries)
+    return cost.legendre_multiply_adds / rate(cost.legendre_multiply_adds / values)
 
 
 def shapes(ranks, nlat, lmax):
@@ -159,22 +196,25 @@ def shapes(ranks, nlat, lmax):
             and ranks // p <= lmax]
 
 
-def scaling_rows(nlat, nlon, batch, dtype, rates, latency, bandwidth, rank_counts, orders="balanced"):
-    lmax, mmax = truncate_sht(nlat, nlon)
+def scaling_rows(nlat, nlon, batch, dtype, rates, latency, bandwidth, rank_counts, orders="balanced",
+                 legendre="transpose", lmax=None):
+    lmax, mmax = truncate_sht(nlat, nlon, lmax, lmax)
     itemsize = numpy.dtype(dtype).itemsize
     rows = []
     for ranks in rank_counts:
         best = None
         for npolar, nazimuth in shapes(ranks, nlat, lmax):
-            costs = sht_costs(nlat, nlon, lmax, mmax, npolar, nazimuth, batch=batch, dtype=dtype, orders=orders)
-            compute, communicate = model_time(costs, rates, latency, bandwidth, itemsize)
+            costs = sht_costs(nlat, nlon, lmax, mmax, npolar, nazimuth, batch=batch, dtype=dtype, orders=orders,
+                              legendre=legendre)
+            compute, communicate = model_time(costs, rates, latency, bandwidth, itemsize, legendre)
             if best is None or compute + communicate < best[0]:
                 best = (compute + communicate, compute, communicate, npolar, nazimuth, costs)
         total, compute, communicate, npolar, nazimuth, costs = best
         worst = max(costs, key=lambda c: c.legendre_multiply_adds)
         th_best = None
         for p, a in shapes(ranks, nlat, lmax):
-            madds, fft, sent, messages, columns = th_costs(nlat, nlon, lmax, mmax, p, a, batch, itemsize)
+            madds, fft, sent, messages, columns = th_costs(nlat, nlon, lmax, mmax, p, a, batch, itemsize,
+                                                           "transpose" if legendre == "transpose" else "reduce-scatter")
             t = madds / rates[0](columns) + fft / rates[1] + 2 * sum(sent) / rates[2] + sum(
                 messages[i] * latency + sent[i] / bandwidth for i in range(4))
             th_best = t if th_best is None else min(th_best, t)
@@ -232,9 +272,11 @@ def check(args):
         bandwidth = (1 << 20) * (world.Get_size() - 1) / max(probe[1] - probe[0], 1e-9)
     nlat, nlon, batch = 361, 720, args.check_batch
     lmax, mmax = truncate_sht(nlat, nlon)
-    for npolar, nazimuth in shapes(world.Get_size(), nlat, lmax):
+    strategies = list(LEGENDRE_STRATEGIES) if args.legendre == "all" else [args.legendre]
+    for legendre, (npolar, nazimuth) in ((s, shape) for s in strategies
+                                         for shape in shapes(world.Get_size(), nlat, lmax)):
         with ProcessGrid(world, npolar, nazimuth) as grid:
-            sht = DistributedRealSHT(grid, nlat, nlon, dtype=dtype, orders="balanced")
+            sht = DistributedRealSHT(grid, nlat, nlon, dtype=dtype, orders="balanced", legendre=legendre)
             x = numpy.random.default_rng(grid.rank).standard_normal((batch,) + sht.tile_shape).astype(dtype)
             out = sht.forward(x)
 
@@ -242,11 +284,12 @@ def check(args):
                 grid.cart.Barrier()
                 sht.forward(x, out=out)
             measured = grid.cart.allreduce(_median_seconds(run, 7), op=MPI.MAX)
-        costs = sht_costs(nlat, nlon, lmax, mmax, npolar, nazimuth, batch=batch, dtype=dtype, orders="balanced")
-        compute, communicate = model_time(costs, rates, latency, bandwidth, dtype.itemsize)
+        costs = sht_costs(nlat, nlon, lmax, mmax, npolar, nazimuth, batch=batch, dtype=dtype, orders="balanced",
+                          legendre=legendre)
+        compute, communicate = model_time(costs, rates, latency, bandwidth, dtype.itemsize, legendre)
         if world.Get_rank() == 0:
             model = (compute + communicate) * 1e3
-            print(f"{npolar}x{nazimuth}: measured {measured * 1e3:.1f} ms, model {model:.1f} ms "
+            print(f"{legendre:>14} {npolar}x{nazimuth}: measured {measured * 1e3:.1f} ms, model {model:.1f} ms "
                   f"(compute {compute * 1e3:.1f}, network {communicate * 1e3:.1f}; latency {latency * 1e6:.1f} us, "
                   f"bandwidth {bandwidth / 1e9:.1f} GB/s probed), {batch} x {nlat} x {nlon} {dtype.name}")
     return 0
@@ -264,20 +307,31 @@ def main(argv=None):
     parser.add_argument("--check", action="store_true", help="compare with a measured run (under mpiexec)")
     parser.add_argument("--check-batch", type=int, default=32)
     parser.add_argument("--check-dtype", default="float64")
+    parser.add_argument("--legendre", default="transpose", choices=list(LEGENDRE_STRATEGIES) + ["all"],
+                        help="the Legendre strategy modelled (all: each in turn)")
+    parser.add_argument("--lmax", type=int, default=None, help="lmax = mmax (default: torch-harmonics' truncation)")
+    parser.add_argument("--km", action="store_true",
+                        help="4001 x 8000, lmax = mmax = 2000, 16 fields, up to 16,384 ranks, float64, every strategy")
+    parser.add_argument("--dtypes", default="float64,float32")
     args = parser.parse_args(argv)
     if args.check:
         return check(args)
+    if args.km:
+        args.nlat, args.nlon, args.lmax, args.batch, args.max_ranks = 4001, 8000, 2000, 16, 16384
+        args.legendre, args.dtypes = "all", "float64"
     counts = [2 ** k for k in range(int(math.log2(args.max_ranks)) + 1)]
-    for dtype in (numpy.float64, numpy.float32):
+    strategies = list(LEGENDRE_STRATEGIES) if args.legendre == "all" else [args.legendre]
+    for dtype in (numpy.dtype(d) for d in args.dtypes.split(",")):
         rates = measure_rates(dtype)
-        lmax, mmax = truncate_sht(args.nlat, args.nlon)
-        print(f"\n{args.batch} x {args.nlat} x {args.nlon} {numpy.dtype(dtype).name}, lmax = mmax = {lmax}, balanced "
-              f"orders; rates on one core: Legendre {rates[0].describe()} Gmadd/s by real columns, "
-              f"FFT {rates[1] / 1e9:.2f} Gflop/s, "
-              f"copies {rates[2] / 1e9:.2f} GB/s; network {args.latency_us} us, {args.bandwidth_gbs} GB/s a rank\n")
-        rows = scaling_rows(args.nlat, args.nlon, args.batch, dtype, rates, args.latency_us * 1e-6,
-                            args.bandwidth_gbs * 1e9, counts)
-        print_rows(rows, args.markdown)
+        lmax, mmax = truncate_sht(args.nlat, args.nlon, args.lmax, args.lmax)
+        for legendre in strategies:
+            print(f"\n{args.batch} x {args.nlat} x {args.nlon} {dtype.name}, lmax = mmax = {lmax}, balanced "
+                  f"orders, legendre={legendre!r}; rates on one core: Legendre {rates[0].describe()} Gmadd/s by real "
+                  f"columns, table-free {rates[3] / 1e9:.2f} Gmadd/s, FFT {rates[1] / 1e9:.2f} Gflop/s, "
+                  f"copies {rates[2] / 1e9:.2f} GB/s; network {args.latency_us} us, {args.bandwidth_gbs} GB/s a rank\n")
+            rows = scaling_rows(args.nlat, args.nlon, args.batch, dtype, rates, args.latency_us * 1e-6,
+                                args.bandwidth_gbs * 1e9, counts, legendre=legendre, lmax=args.lmax)
+            print_rows(rows, args.markdown)
     return 0
 
 

@@ -71,3 +71,31 @@ def test_scratch_is_what_the_model_counts(grid, vector):
     expected = sht_costs(nlat, nlon, forward.lmax, forward.mmax, grid.npolar, grid.nazimuth, batch=batch,
                          vector=vector, orders="balanced")[grid.rank]
     assert grid.scratch.nbytes() == expected.scratch_bytes
+
+
+@pytest.mark.parametrize("legendre, vector", [("reduce-scatter", False), ("reduce-scatter", True),
+                                               ("table-free", False)])
+def test_the_reduce_scatter_strategies_send_what_the_model_counts(grid, monkeypatch, legendre, vector):
+    """The polar exchange is one Reduce_scatter of every degree's partial sums; the transposes are the azimuth ones."""
+    nlat, nlon, batch = 23, 40, 3
+    cls = DistributedRealVectorSHT if vector else DistributedRealSHT
+    op = cls(grid, nlat, nlon, quadrature="legendre-gauss", orders="balanced", legendre=legendre)
+    transposes = _counting(monkeypatch)
+    reduced = []
+    original = collectives.reduce_scatter
+
+    def counted(comm, send, recv, counts, *args, **kwargs):
+        me = comm.Get_rank()
+        reduced.append((comm.Get_size(), (sum(counts) - counts[me]) * send.itemsize,
+                        sum(1 for q, n in enumerate(counts) if q != me and n > 0)))
+        return original(comm, send, recv, counts, *args, **kwargs)
+
+    monkeypatch.setattr(collectives, "reduce_scatter", counted)
+    op.forward(numpy.ones(op.domain_shape((batch,))))
+    expected = sht_costs(nlat, nlon, op.lmax, op.mmax, grid.npolar, grid.nazimuth, batch=batch, vector=vector,
+                         orders="balanced", legendre=legendre)[grid.rank]
+    assert expected.sent[2] == expected.messages[2] == 0
+    assert transposes == [(grid.nazimuth, expected.sent[t], expected.messages[t]) for t in (0, 1)
+                          if grid.nazimuth > 1]
+    assert reduced == ([(grid.npolar, expected.sent[3], expected.messages[3])] if grid.npolar > 1 else [])
+    assert expected.table_bytes == op.table_bytes()

@@ -105,7 +105,7 @@ def choose_legendre(nlat, lmax, mmax, npolar, nazimuth, *, vector=False, dtype=n
 
 class RankCost(collections.namedtuple(
         "RankCost", "rank polar_rank azimuth_rank table_bytes scratch_bytes legendre_multiply_adds fft_flops sent "
-                    "messages")):
+                    "messages legendre_values", defaults=(0,))):
     """One rank's cost of one forward (or inverse: the same counts, reversed) transform.
 
     Attributes
@@ -131,14 +131,26 @@ class RankCost(collections.namedtuple(
         order: ``longitudes``, ``orders``, ``latitudes``, ``degrees``.
     messages : tuple of 4 int
         Non-empty messages to other ranks in each transpose.
+    legendre_values : int
+        The function values the contraction multiplies by: the table
+        entries, or (``"table-free"``) the values computed on the fly. Its
+        multiply-adds over these values is the contraction's real column
+        count, which decides its speed.
+
+    With ``legendre="reduce-scatter"`` or ``"table-free"`` the third
+    exchange (``latitudes``) is empty and the fourth (``degrees``) is the
+    polar ``Reduce_scatter`` of every degree's partial sums.
     """
 
     __slots__ = ()
 
 
 def sht_costs(nlat, nlon, lmax, mmax, npolar, nazimuth, *, batch=1, vector=False, dtype=numpy.float64,
-              orders="contiguous"):
+              orders="contiguous", legendre="transpose"):
     """Per-rank costs of one transform of ``batch`` fields on an ``npolar x nazimuth`` grid.
+
+    ``legendre`` is the transform's strategy (one of
+    :data:`LEGENDRE_STRATEGIES`, resolved: not ``"auto"``).
 
     Returns
     -------
@@ -157,11 +169,14 @@ def sht_costs(nlat, nlon, lmax, mmax, npolar, nazimuth, *, batch=1, vector=False
     # every stage but the in-place Legendre step writes the other buffer; a scalar transform on one rank
     # has one such stage in each direction (the forward FFT; the inverse's copy from the caller's layout)
     slots = 1 if npolar == nazimuth == 1 and not vector else 2
+    # per azimuth rank (and tile height) once: a grid of thousands of ranks has few distinct ones
+    transpose_entries = [table_entries(lmax, mine, nlat, vector) for mine in assignment]
+    row_entries = {}
     costs = []
     for p in range(npolar):
         for a in range(nazimuth):
             h, w, m_loc = lat_sizes[p], lon_sizes[a], len(assignment[a])
-            entries = table_entries(lmax, assignment[a], nlat, vector)
+            entries = transpose_entries[a]
             cells = components * h
             sent = (
                 # (B, C, h, w) -> (Ba, C, h, nlon): my longitudes of the other ranks' batch shares
@@ -186,10 +201,21 @@ def sht_costs(nlat, nlon, lmax, mmax, npolar, nazimuth, *, batch=1, vector=False
                 bp * components * nlat * m_loc * complex_size,
                 bp * components * (lmax + 1 if vector else lmax) * m_loc * complex_size,
                 padded * components * degree_sizes[p] * m_loc * complex_size)
+            values, contracted = entries, batch_polar[p]
+            if legendre != "transpose":
+                # own latitudes into every degree for the whole batch; the degrees' partial sums reduce-scattered
+                if (h, a) not in row_entries:
+                    row_entries[h, a] = row_table_entries(lmax, assignment[a], h, vector)
+                values, contracted = row_entries[h, a], padded
+                entries = values if legendre == "reduce-scatter" else 0
+                sent = sent[:2] + (0, padded * components * (lmax - degree_sizes[p]) * m_loc * complex_size)
+                messages = messages[:2] + (0, sum(1 for q in range(npolar) if q != p and degree_sizes[q] * m_loc > 0))
+                intermediates = intermediates[:4] + (padded * components * (lmax + 1 if vector else lmax) * m_loc
+                                                     * complex_size,)
             costs.append(RankCost(
                 rank=p * nazimuth + a, polar_rank=p, azimuth_rank=a,
                 table_bytes=entries * real.itemsize, scratch_bytes=slots * max(intermediates),
-                legendre_multiply_adds=entries * 2 * components * batch_polar[p],
+                legendre_multiply_adds=values * 2 * components * contracted,
                 fft_flops=fft_per_row * batch_azimuth[a] * cells,
-                sent=sent, messages=messages))
+                sent=sent, messages=messages, legendre_values=values))
     return costs
