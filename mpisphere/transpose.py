@@ -15,7 +15,7 @@ import math
 import numpy
 
 from . import backend, collectives
-from .operators import ADJOINT, DISTRIBUTED, FORWARD, InputError, Layout
+from .operators import ADJOINT, DISTRIBUTED, FORWARD, Abilities, InputError, Layout
 from .partition import offsets_of, split_sizes
 from .validation import check_int
 from .comm_operator import CommunicatorOperator, along, check_axis, check_moved_dtype
@@ -225,6 +225,11 @@ class Transpose(CommunicatorOperator):
         domain[a], domain[b] = na, split_sizes(nb, self.size)[self.rank]
         range_[a], range_[b] = split_sizes(na, self.size)[self.rank], nb
         return tuple(domain), tuple(range_)
+
+    def abilities(self, direction):
+        if self.size == 1:
+            return Abilities(identity=True)
+        return Abilities(start=lambda x, out, context: self._begin(direction, x, out, context, f"start_{direction}"))
 
     def _plan(self, direction, x):
         (split_axis, gather_axis), (n_split, n_gather) = self._roles(direction)

@@ -54,6 +54,11 @@ def bench_grid(grid, args, xp, sync):
     cases = [("forward", lambda: sht.forward(x)), ("forward out=", lambda: sht.forward(x, out=c_out)),
              ("inverse", lambda: isht.forward(c)), ("inverse out=", lambda: isht.forward(c, out=x_out)),
              ("forward adjoint", lambda: sht.adjoint(c)), ("inverse adjoint", lambda: isht.adjoint(x))]
+    if args.overlap:  # the same transforms in two chunks whose transposes travel while the other computes
+        osht = DistributedRealSHT(grid, nlat, nlon, args.lmax, args.lmax, overlap=True, **options)
+        oisht = DistributedInverseRealSHT(grid, nlat, nlon, args.lmax, args.lmax, overlap=True, **options)
+        cases += [("forward out= overlap", lambda: osht.forward(x, out=c_out)),
+                  ("inverse out= overlap", lambda: oisht.forward(c, out=x_out))]
     rows = []
     tables = grid.cart.allreduce(sht.table_bytes() + isht.table_bytes(), op=MPI.MAX)
     for name, fn in cases:
@@ -332,6 +337,8 @@ def main(argv=None):
     parser.add_argument("--vector-only", action="store_true", help="only the vector rows")
     parser.add_argument("--interleaved", action="store_true",
                         help="one rank: mpisphere and ducc0 alternately, round by round (the fair ratio)")
+    parser.add_argument("--overlap", action="store_true",
+                        help="also the transforms with overlap=True (two chunks, transposes in flight)")
     parser.add_argument("--km", action="store_true",
                         help="2049 x 4096 equiangular, lmax = mmax = 1025, 4 fields, every rank's peak RSS, vs ducc0")
     parser.add_argument("--legendre", default=None, choices=["auto", "transpose", "reduce-scatter", "table-free"],

@@ -172,3 +172,26 @@ def test_free_drops_the_buffers_and_the_next_call_rebuilds_them(grid):
     sht.free()
     assert grid.scratch.nbytes() == 0
     numpy.testing.assert_array_equal(sht.forward(x), before)
+
+
+@pytest.mark.parametrize("strategy", ["transpose", "reduce-scatter"])
+@pytest.mark.parametrize("cls", SCALAR + VECTOR, ids=lambda c: c.__name__)
+def test_overlapped_chunks_give_the_same_result_and_keep_the_adjoint(grid, strategy, cls):
+    """overlap=True runs two chunks in turns with their transposes in flight: the same map, to rounding."""
+    options = dict(quadrature="legendre-gauss", legendre=strategy)
+    plain = cls(grid, 18, 32, **options)
+    overlapped = cls(grid, 18, 32, overlap=True, **options)
+    batch = 2 * max(grid.npolar, grid.nazimuth) + 1  # two uneven chunks
+    dtype = plain.cdtype if cls._synthesis else plain.dtype
+    x = random_array(rank_rng(grid.cart, 9), plain.domain_shape((batch,)), dtype)
+    assert_close(grid, overlapped.forward(x), plain.forward(x), numpy.float64, "forward")
+    y = random_array(rank_rng(grid.cart, 10), plain.range_shape((batch,)), plain.dtype if cls._synthesis
+                     else plain.cdtype)
+    assert_close(grid, overlapped.adjoint(y), plain.adjoint(y), numpy.float64, "adjoint")
+    assert dottest(overlapped, lead=(batch,), dtype=dtype, seed=4) <= 1e-13
+
+
+def test_overlap_with_a_batch_too_small_to_split_runs_as_one_chunk(grid):
+    sht = DistributedRealSHT(grid, 18, 32, overlap=True)
+    x = random_array(rank_rng(grid.cart, 11), sht.domain_shape((1,)), numpy.float64)
+    assert_close(grid, sht.forward(x), DistributedRealSHT(grid, 18, 32).forward(x), numpy.float64, "forward")

@@ -47,6 +47,11 @@ class Abilities:
         With ``prefers``: it reads and writes other layouts itself at little
         cost, so the pipeline need not copy the caller's arrays into the
         preferred layout for it.
+    start : callable or None
+        ``start(x, out, context)``: the same work started without blocking
+        (a communication in flight); returns an object whose ``wait()``
+        completes it. A pipeline that runs chunks of the batch in turn uses
+        it to let one chunk's exchange travel while another chunk computes.
     """
 
     identity: bool = False
@@ -58,3 +63,4 @@ class Abilities:
     consume: Optional[Callable] = None
     prefers: Optional[tuple] = None
     adapts: bool = False
+    start: Optional[Callable] = None

@@ -71,6 +71,9 @@ class Step:
         returns (the padding is then done too).
     view : callable or None
         For ``"view"``: the restriction.
+    start : callable or None
+        The run started without blocking (an exchange), for
+        :meth:`Pipeline.run_interleaved`.
     """
 
     stage: int
@@ -81,6 +84,7 @@ class Step:
     run: Optional[Callable] = None
     embed: Optional[Callable] = None
     view: Optional[Callable] = None
+    start: Optional[Callable] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -279,7 +283,8 @@ class Pipeline:
                     steps.append(Step(k, "run", "buffer", following_slot, dst, run))
                     held = self._held_in(dst, following_slot)
             i += 1
-        return tuple(steps)
+        return tuple(dataclasses.replace(step, start=abilities[step.stage].start)
+                      if step.action == "run" and abilities[step.stage].start is not None else step for step in steps)
 
     def _runner(self, k, direction, abilities, held, nonzero):
         """The callable a run step calls: ``consume`` when the input is a buffer of the pipeline's own."""
@@ -307,6 +312,30 @@ class Pipeline:
 
     def run(self, direction, x, out, context):
         """Apply the pipeline (``FORWARD``) or its adjoint (``ADJOINT``) to ``x``, writing ``out``."""
+        for _ in self._execute(direction, x, out, context, interleaved=False):
+            pass
+        return out
+
+    @staticmethod
+    def run_interleaved(runs):
+        """Run several pipelines in turns, each starting its exchanges without blocking.
+
+        ``runs``: ``[(pipeline, direction, x, out, context)]``, pipelines
+        with workspaces of their own (chunks of one batch). Each runs until
+        it has started an exchange, then the next one runs, so one chunk's
+        exchange travels while the others compute; a chunk waits for its
+        exchange when its turn comes again. The turns are the same on every
+        rank, so the exchanges start in the same order everywhere.
+        """
+        active = [pipeline._execute(direction, x, out, context, interleaved=True)
+                  for pipeline, direction, x, out, context in runs]
+        while active:
+            for run in list(active):
+                if next(run, StopIteration) is StopIteration:
+                    active.remove(run)
+
+    def _execute(self, direction, x, out, context, interleaved):
+        """The steps of :meth:`run`; ``interleaved``: start each exchange, yield, then wait for it."""
         current = x
         for step in self.plan(direction):
             if step.action == "view":
@@ -318,8 +347,13 @@ class Pipeline:
                     target = backend.as_strided(current, tuple(self.specs[step.boundary].shape), current.strides)
                 else:
                     target = self._buffer(step.boundary, current, step.slot)
-                step.run(current, target if step.embed is None else step.embed(target), context)
+                destination = target if step.embed is None else step.embed(target)
+                if interleaved and step.start is not None:
+                    flight = step.start(current, destination, context)
+                    yield
+                    flight.wait()
+                else:
+                    step.run(current, destination, context)
                 current = target
         if current is not out:
             backend.copy_into(out, current)
-        return out

@@ -102,7 +102,7 @@ class Transform(LinearOperator):
 
     def __init__(self, grid, nlat, nlon, lmax=None, mmax=None, quadrature="equiangular", norm="ortho",
                  csphase=True, dtype=numpy.float64, *, contraction="auto", orders="contiguous", fft="auto",
-                 legendre="auto", max_table_bytes=None):
+                 legendre="auto", max_table_bytes=None, overlap=False):
         who = self.name
         if getattr(grid, "freed", False):
             raise RuntimeError(f"{who}: the grid was freed (grid.free())")
@@ -158,8 +158,10 @@ class Transform(LinearOperator):
         self._comm = grid.cart
         self._layout = Layout(DISTRIBUTED, grid.cart)
         self.tables = self._build_tables()
+        self.overlap = bool(overlap)
         self._pipelines = backend.BoundedCache(4)
         self._scratch = backend.Workspace()
+        self._second_scratch = backend.Workspace()
 
     def _resolve_legendre(self, legendre, budget):
         """The Legendre strategy (``legendre`` or what ``"auto"`` picks) and why."""
@@ -196,6 +198,7 @@ class Transform(LinearOperator):
         """
         self._pipelines.clear()
         self._scratch.clear()
+        self._second_scratch.clear()
         self.grid.scratch.clear()
 
     # --- what a rank holds -------------------------------------------------------------
@@ -326,12 +329,23 @@ class Transform(LinearOperator):
         else:
             target = self._scratch.scratch("out", out, padded * c * math.prod(target_tail))
             target = target.reshape((padded, c) + target_tail)
-        self._pipeline(padded, xb).run(direction, xb, target, context)
+        widest = max(self.grid.npolar, self.grid.nazimuth)
+        if self.overlap and padded >= 2 * widest:
+            # two chunks in turns: one chunk's transposes travel while the other computes (its own buffers)
+            half = padded // 2
+            Pipeline.run_interleaved([
+                (self._pipeline(half, xb), direction, xb[:half], target[:half], context),
+                (self._pipeline(padded - half, xb, second=True), direction, xb[half:], target[half:], context)])
+        else:
+            self._pipeline(padded, xb).run(direction, xb, target, context)
         if not direct:
             out[...] = target[:batch].reshape(out.shape)
 
-    def _pipeline(self, batch, like):
-        return self._pipelines.get((batch, backend.is_device_array(like)), lambda: self._build_pipeline(batch))
+    def _pipeline(self, batch, like, second=False):
+        """The pipeline for ``batch`` fields; ``second``: the overlap's other chunk, with buffers of its own."""
+        workspace = self._second_scratch if second else self.grid.scratch
+        return self._pipelines.get((batch, backend.is_device_array(like), second),
+                                   lambda: self._build_pipeline(batch, workspace))
 
     def _transposes(self, batch, degrees):
         """The four transposes of a pipeline for ``batch`` fields and ``degrees`` spectral rows."""
@@ -396,7 +410,7 @@ class Transform(LinearOperator):
         """Local stages between the Legendre step and the degree transpose (none for scalar fields)."""
         return []
 
-    def _build_pipeline(self, batch):
+    def _build_pipeline(self, batch, workspace):
         lon, orders, lat, degrees = self._transposes(batch, self.lmax)
         legendre = self._legendre_stage()
         fourier = FourierStage(self.nlon, self.dtype, self._synthesis, self._layout, self.fft)
@@ -415,7 +429,7 @@ class Transform(LinearOperator):
         else:
             stages = [degrees.H, *extra, legendre.H, *[t.H for t in polar], orders.H, truncation.H, fourier, lon.H]
             spec = Spec((batch, self._components) + self.block_shape, self.cdtype, False)
-        return Pipeline(stages, spec, self.grid.scratch)
+        return Pipeline(stages, spec, workspace)
 
 
 class DistributedRealSHT(Transform):
@@ -460,6 +474,14 @@ class DistributedRealSHT(Transform):
         With ``legendre="auto"``: the most bytes of tables one rank may
         hold (default :func:`~mpisphere.sht.costs.default_table_budget`, half
         the machine's memory per core).
+    overlap : bool, keyword-only
+        Run the batch in two chunks in turns, each chunk's transposes
+        started without blocking while the other chunk computes (needs a
+        batch of at least twice the larger grid axis; the rest run as one
+        chunk). Off by default: with MPICH's shared-memory transport on
+        this machine it hides nothing (docs/benchmarks.md, "Overlapping a
+        transpose with work"); a network that progresses on its own may
+        gain. Costs a second set of pipeline buffers.
 
     Notes
     -----
