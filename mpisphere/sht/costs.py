@@ -15,10 +15,11 @@ import math
 import numpy
 
 from ..partition import split_sizes
+from ..validation import check_choice, check_int
 from .orders import order_assignment
 
 __all__ = ["table_entries", "row_table_entries", "RankCost", "sht_costs", "LEGENDRE_STRATEGIES",
-           "legendre_table_bytes", "choose_legendre", "default_table_budget"]
+           "legendre_table_bytes", "choose_legendre", "resolve_legendre", "default_table_budget"]
 
 TRANSPOSES = ("longitudes", "orders", "latitudes", "degrees")
 
@@ -101,6 +102,30 @@ def choose_legendre(nlat, lmax, mmax, npolar, nazimuth, *, vector=False, dtype=n
     if table_free and not vector:
         return "table-free", f"tables of {min(transpose, rows) / 1e6:.1f} MB or more exceed {budget / 1e6:.0f} MB"
     return "reduce-scatter", f"no strategy's tables fit {budget / 1e6:.0f} MB; the smallest tables"
+
+
+def resolve_legendre(legendre, budget, nlat, lmax, mmax, npolar, nazimuth, *, vector, dtype, orders, table_free,
+                     who):
+    """A transform's ``legendre=`` and ``max_table_bytes=`` checked and resolved: ``(strategy, why)``.
+
+    ``table_free``: whether ducc0 can be imported. Raises for a strategy the
+    transform cannot run, naming ``who``.
+    """
+    legendre = check_choice(legendre, ("auto",) + LEGENDRE_STRATEGIES, "legendre", who)
+    if budget is not None:
+        budget = check_int(budget, "max_table_bytes", who, minimum=0)
+        if legendre != "auto":
+            raise ValueError(f"{who}: max_table_bytes is the budget legendre='auto' chooses by; "
+                             f"legendre={legendre!r} does not use it")
+    if legendre == "table-free" and vector:
+        raise ValueError(f"{who}: legendre='table-free' is for scalar transforms (ducc0's spin-0 functions); "
+                         "use 'reduce-scatter' for vector fields")
+    if legendre == "table-free" and not table_free:
+        raise ImportError(f"{who}: legendre='table-free' needs ducc0: pip install 'mpisphere[ducc0]'")
+    if legendre != "auto":
+        return legendre, "chosen"
+    return choose_legendre(nlat, lmax, mmax, npolar, nazimuth, vector=vector, dtype=dtype, orders=orders,
+                           budget=budget, table_free=table_free)
 
 
 class RankCost(collections.namedtuple(

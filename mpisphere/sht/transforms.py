@@ -165,24 +165,9 @@ class Transform(LinearOperator):
 
     def _resolve_legendre(self, legendre, budget):
         """The Legendre strategy (``legendre`` or what ``"auto"`` picks) and why."""
-        who = self.name
-        legendre = check_choice(legendre, ("auto",) + costs.LEGENDRE_STRATEGIES, "legendre", who)
-        if budget is not None:
-            budget = check_int(budget, "max_table_bytes", who, minimum=0)
-            if legendre != "auto":
-                raise ValueError(f"{who}: max_table_bytes is the budget legendre='auto' chooses by; "
-                                 f"legendre={legendre!r} does not use it")
-        vector = self._components > 1
-        if legendre == "table-free" and vector:
-            raise ValueError(f"{who}: legendre='table-free' is for scalar transforms (ducc0's spin-0 functions); "
-                             "use 'reduce-scatter' for vector fields")
-        if legendre == "table-free" and not table_free_available():
-            raise ImportError(f"{who}: legendre='table-free' needs ducc0: pip install 'mpisphere[ducc0]'")
-        if legendre != "auto":
-            return legendre, "chosen"
-        return costs.choose_legendre(self.nlat, self.lmax, self.mmax, self.grid.npolar, self.grid.nazimuth,
-                                     vector=vector, dtype=self.dtype, orders=self.orders, budget=budget,
-                                     table_free=table_free_available())
+        return costs.resolve_legendre(legendre, budget, self.nlat, self.lmax, self.mmax, self.grid.npolar,
+                                      self.grid.nazimuth, vector=self._components > 1, dtype=self.dtype,
+                                      orders=self.orders, table_free=table_free_available(), who=self.name)
 
     def _describe(self):
         # the resolved strategy decides the messages: ranks that resolved "auto" differently must not meet
