@@ -28,6 +28,7 @@ _PUBLIC = {
     "Identity": "operators",
     "Diagonal": "operators",
     "dottest": "operators",
+    "aslinearoperator": "scipy_bridge",
     "inner": "operators",
     "DISTRIBUTED": "operators",
     "REPLICATED": "operators",

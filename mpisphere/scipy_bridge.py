@@ -1,0 +1,95 @@
+"""An operator on one rank as a ``scipy.sparse.linalg.LinearOperator`` (SciPy imported when called).
+
+:func:`aslinearoperator` hands any :class:`~mpisphere.LinearOperator` whose
+ranks are a single process to SciPy's iterative solvers and algebra:
+``matvec`` is ``forward`` and ``rmatvec`` is ``adjoint``, on flattened
+arrays. mpisphere's adjoints are taken in the real inner product, in which
+a complex array counts as the pair of its real and imaginary parts; so the
+SciPy operator is real and sees every complex array as its ``(re, im)``
+pairs, ``2 n`` real numbers. Its dot product is then mpisphere's inner
+product, and ``.H`` (``rmatvec``) is the exact adjoint, also for the real
+transforms that map real fields to complex coefficients (which are not
+complex-linear maps SciPy could hold as complex matrices).
+"""
+
+import math
+
+import numpy
+
+from . import dtypes
+from .operators import LinearOperator
+
+__all__ = ["aslinearoperator"]
+
+
+def _ranks(layout):
+    comm = getattr(layout, "comm", None)
+    return None if comm is None else comm.Get_size()
+
+
+def aslinearoperator(op, lead=(), dtype=numpy.float64):
+    """``op`` as a real ``scipy.sparse.linalg.LinearOperator`` on one rank.
+
+    Parameters
+    ----------
+    op : LinearOperator
+        On a one-rank grid or communicator (``MPI.COMM_SELF``, or a job of
+        one rank).
+    lead : tuple of int
+        Leading (batch) axes of the points: the domain is
+        ``op.domain_shape(lead)``.
+    dtype : numpy dtype
+        Of the domain (a transform's real fields, an inverse transform's
+        complex coefficients); the range's follows from one call.
+
+    Returns
+    -------
+    scipy.sparse.linalg.LinearOperator
+        Real, of shape ``(m, n)``: ``n`` the domain's size (twice it for a
+        complex domain, as ``(re, im)`` pairs), ``m`` the range's.
+        ``matvec(x)`` is ``op.forward`` of ``x`` reshaped, ``rmatvec(y)``
+        ``op.adjoint``.
+
+    Raises
+    ------
+    ValueError
+        On every rank, when ``op`` spans more than one rank: SciPy's
+        solvers sum over one process only. For many ranks, use a
+        distributed solver (the library's ``inner``) instead.
+    """
+    if not isinstance(op, LinearOperator):
+        raise TypeError(f"aslinearoperator: expected a mpisphere LinearOperator, got {type(op).__name__}")
+    op._layouts()
+    sizes = {n for n in (_ranks(op.domain), _ranks(op.range)) if n is not None}
+    if sizes != {1}:
+        raise ValueError(f"aslinearoperator: {op.name} spans {max(sizes)} ranks; a SciPy operator runs on one "
+                         "rank (build it on ProcessGrid(MPI.COMM_SELF), or solve with the distributed inner product)")
+    from scipy.sparse.linalg import LinearOperator as ScipyOperator
+
+    domain_dtype = numpy.dtype(dtype)
+    domain_shape = tuple(op.domain_shape(tuple(lead)))
+    probe = op.forward(numpy.zeros(domain_shape, domain_dtype))
+    range_shape, range_dtype = tuple(probe.shape), probe.dtype
+    real = numpy.float64 if domain_dtype.itemsize >= 8 or range_dtype.itemsize >= 8 else numpy.float32
+
+    def flat_size(shape, kind):
+        return math.prod(shape) * (2 if kind.kind == "c" else 1)
+
+    def unflatten(v, shape, kind):
+        if kind.kind == "c":  # (re, im) pairs back into complex numbers
+            return numpy.ascontiguousarray(v, dtype=dtypes.real_of(kind)).reshape(-1).view(kind).reshape(shape)
+        return numpy.asarray(v, dtype=kind).reshape(shape)
+
+    def flatten(a):
+        a = numpy.ascontiguousarray(a)
+        return (a.view(dtypes.real_of(a.dtype)) if a.dtype.kind == "c" else a).reshape(-1).astype(real, copy=False)
+
+    def matvec(v):
+        return flatten(op.forward(unflatten(v, domain_shape, domain_dtype)))
+
+    def rmatvec(v):
+        return flatten(op.adjoint(unflatten(v, range_shape, range_dtype)))
+
+    shape = (flat_size(range_shape, range_dtype), flat_size(domain_shape, domain_dtype))
+    return ScipyOperator(shape, matvec=matvec, rmatvec=rmatvec, dtype=real)
+
