@@ -29,6 +29,7 @@ _PUBLIC = {
     "Diagonal": "operators",
     "dottest": "operators",
     "aslinearoperator": "scipy_bridge",
+    "asmpilinearoperator": "pylops_bridge",
     "inner": "operators",
     "DISTRIBUTED": "operators",
     "REPLICATED": "operators",
