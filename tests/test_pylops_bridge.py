@@ -12,6 +12,7 @@ from helpers import random_array, rank_rng
 
 pytestmark = pytest.mark.mpi
 
+# the test extra installs pylops-mpi on Python 3.11 and newer (0.8 imports typing.Self)
 pylops_mpi = pytest.importorskip("pylops_mpi")
 
 
