@@ -29,6 +29,7 @@ from .. import backend, dtypes
 from ..legendre import associated_legendre, degree_factors
 from ..operators import FORWARD, Abilities, InputError
 from .contraction import BATCH_INNERMOST
+from .legendre_stage import LegendreStage
 from .pipeline import LocalStage
 
 __all__ = ["OwnLatitudeTables", "TableFreeLegendre", "own_latitude_tables", "table_free_available"]
@@ -157,21 +158,18 @@ class OwnLatitudeTables(_OwnLatitudeStage):
 def _real_columns(a, workspace, name, copy_in):
     """``a`` (``(B, C, n, m)`` complex) as real ``(n, m, 2 C B)`` columns, and the scratch used (or None).
 
-    A view when ``a`` is held batch-innermost; otherwise a scratch buffer of
-    that layout (holding a copy of ``a`` when ``copy_in``).
+    A view when ``a`` is held batch-innermost (the Legendre stage's own
+    test); otherwise a scratch buffer of that layout (holding a copy of
+    ``a`` when ``copy_in``).
     """
+    columns = LegendreStage._columns(a)
+    if columns is not None:
+        return columns, None
     phys = a.transpose(BATCH_INNERMOST)
-    n, m, c, b = phys.shape
-    item = phys.itemsize
-    held = (phys.strides[3] == item or b == 1) and (phys.strides[2] == b * item or c == 1) \
-        and (phys.strides[1] == c * b * item or m == 1)
-    staged = None
-    if not held:
-        staged = workspace.scratch(name, a, a.size).reshape(phys.shape)
-        if copy_in:
-            backend.copy_into(staged, phys)
-        phys = staged
-    return phys.reshape(n, m, -1).view(dtypes.real_of(phys.dtype)), staged
+    staged = workspace.scratch(name, a, a.size).reshape(phys.shape)
+    if copy_in:
+        backend.copy_into(staged, phys)
+    return LegendreStage._real(staged), staged
 
 
 class TableFreeLegendre(_OwnLatitudeStage):
@@ -234,7 +232,10 @@ class TableFreeLegendre(_OwnLatitudeStage):
         alm = self._workspace.scratch("alm", x, self.degrees * count).reshape(self.degrees, count)
         for b, c in numpy.ndindex(*x.shape[:2]):
             if direction == FORWARD:
-                leg[0] = x[b, c] if self.weights is None else x[b, c] * self.weights[:, None]
+                if self.weights is None:
+                    leg[0] = x[b, c]
+                else:
+                    numpy.multiply(x[b, c], self.weights[:, None], out=leg[0])
                 alm[self._lower] = 0
                 ducc0.sht.leg2alm(leg=leg, alm=alm.reshape(1, -1), **options)
                 numpy.multiply(alm, self.scale, out=out[b, c])
