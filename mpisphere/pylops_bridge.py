@@ -14,32 +14,19 @@ No rank ever holds the global vector.
 such a ``DistributedArray`` and back.
 """
 
-import math
 
 import numpy
 
-from . import collectives, dtypes
+from . import collectives
 from .operators import DISTRIBUTED, LinearOperator
+from .scipy_bridge import as_pairs, from_pairs, pairs_size
 
 __all__ = ["asmpilinearoperator", "to_distributed", "from_distributed"]
 
 
-def _flat(shape, dtype):
-    return math.prod(shape) * (2 if numpy.dtype(dtype).kind == "c" else 1)
-
-
-def _pairs(a):
-    a = numpy.ascontiguousarray(a)
-    return (a.view(dtypes.real_of(a.dtype)) if a.dtype.kind == "c" else a).reshape(-1)
-
-
 def from_distributed(array, shape, dtype):
     """This rank's piece of shape ``shape`` and ``dtype`` from a ``DistributedArray``'s local part."""
-    dtype = numpy.dtype(dtype)
-    local = numpy.asarray(array.local_array)
-    if dtype.kind == "c":
-        return numpy.ascontiguousarray(local, dtype=dtypes.real_of(dtype)).view(dtype).reshape(shape)
-    return numpy.asarray(local, dtype=dtype).reshape(shape)
+    return from_pairs(numpy.asarray(array.local_array), shape, dtype)
 
 
 def to_distributed(piece, comm):
@@ -48,7 +35,7 @@ def to_distributed(piece, comm):
     Collective over ``comm`` (the global size is the sum of the parts).
     """
     from pylops_mpi import DistributedArray
-    flat = _pairs(piece)
+    flat = as_pairs(piece)
     sizes = collectives.allgather_object(comm, flat.size)
     array = DistributedArray(global_shape=sum(sizes), base_comm=comm, local_shapes=[(n,) for n in sizes],
                              dtype=flat.dtype)
@@ -97,14 +84,15 @@ def asmpilinearoperator(op, lead=(), dtype=numpy.float64):
     domain_shape = tuple(op.domain_shape(tuple(lead)))
     probe = op.forward(numpy.zeros(domain_shape, domain_dtype))
     range_shape, range_dtype = tuple(probe.shape), probe.dtype
-    sizes = collectives.allgather_object(comm, (_flat(domain_shape, domain_dtype), _flat(range_shape, range_dtype)))
+    sizes = collectives.allgather_object(comm, (pairs_size(domain_shape, domain_dtype),
+                                                    pairs_size(range_shape, range_dtype)))
     domain_sizes, range_sizes = [s[0] for s in sizes], [s[1] for s in sizes]
     real = numpy.dtype(numpy.float64 if max(domain_dtype.itemsize, range_dtype.itemsize) >= 8 else numpy.float32)
 
     def wrap(local, sizes_):
         result = DistributedArray(global_shape=sum(sizes_), base_comm=comm, local_shapes=[(n,) for n in sizes_],
                                   dtype=real)
-        result[:] = _pairs(local).astype(real, copy=False)
+        result[:] = as_pairs(local).astype(real, copy=False)
         return result
 
     class _Operator(MPILinearOperator):

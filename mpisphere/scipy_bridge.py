@@ -19,7 +19,26 @@ import numpy
 from . import dtypes
 from .operators import LinearOperator
 
-__all__ = ["aslinearoperator"]
+__all__ = ["aslinearoperator", "as_pairs", "from_pairs", "pairs_size"]
+
+
+def pairs_size(shape, dtype):
+    """Real numbers in an array of ``shape`` and ``dtype`` seen as pairs (twice the count for complex)."""
+    return math.prod(shape) * (2 if numpy.dtype(dtype).kind == "c" else 1)
+
+
+def as_pairs(a):
+    """``a`` flattened, complex numbers as their ``(re, im)`` pairs (a view where ``a`` is contiguous)."""
+    a = numpy.ascontiguousarray(a)
+    return (a.view(dtypes.real_of(a.dtype)) if a.dtype.kind == "c" else a).reshape(-1)
+
+
+def from_pairs(v, shape, dtype):
+    """The inverse of :func:`as_pairs`: flat real numbers back into an array of ``shape`` and ``dtype``."""
+    dtype = numpy.dtype(dtype)
+    if dtype.kind == "c":
+        return numpy.ascontiguousarray(v, dtype=dtypes.real_of(dtype)).reshape(-1).view(dtype).reshape(shape)
+    return numpy.asarray(v, dtype=dtype).reshape(shape)
 
 
 def _ranks(layout):
@@ -72,24 +91,12 @@ def aslinearoperator(op, lead=(), dtype=numpy.float64):
     range_shape, range_dtype = tuple(probe.shape), probe.dtype
     real = numpy.float64 if domain_dtype.itemsize >= 8 or range_dtype.itemsize >= 8 else numpy.float32
 
-    def flat_size(shape, kind):
-        return math.prod(shape) * (2 if kind.kind == "c" else 1)
-
-    def unflatten(v, shape, kind):
-        if kind.kind == "c":  # (re, im) pairs back into complex numbers
-            return numpy.ascontiguousarray(v, dtype=dtypes.real_of(kind)).reshape(-1).view(kind).reshape(shape)
-        return numpy.asarray(v, dtype=kind).reshape(shape)
-
-    def flatten(a):
-        a = numpy.ascontiguousarray(a)
-        return (a.view(dtypes.real_of(a.dtype)) if a.dtype.kind == "c" else a).reshape(-1).astype(real, copy=False)
-
     def matvec(v):
-        return flatten(op.forward(unflatten(v, domain_shape, domain_dtype)))
+        return as_pairs(op.forward(from_pairs(v, domain_shape, domain_dtype))).astype(real, copy=False)
 
     def rmatvec(v):
-        return flatten(op.adjoint(unflatten(v, range_shape, range_dtype)))
+        return as_pairs(op.adjoint(from_pairs(v, range_shape, range_dtype))).astype(real, copy=False)
 
-    shape = (flat_size(range_shape, range_dtype), flat_size(domain_shape, domain_dtype))
+    shape = (pairs_size(range_shape, range_dtype), pairs_size(domain_shape, domain_dtype))
     return ScipyOperator(shape, matvec=matvec, rmatvec=rmatvec, dtype=real)
 
