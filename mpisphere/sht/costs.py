@@ -11,6 +11,7 @@ docs/scaling.md build a time model on them.
 
 import collections
 import math
+import os
 
 import numpy
 
@@ -73,7 +74,6 @@ def default_table_budget():
     transform's resolved strategy is part of what its calls agree on, so
     unlike nodes that resolve differently raise instead of hanging.
     """
-    import os
     try:
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
