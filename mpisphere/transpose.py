@@ -227,8 +227,8 @@ class Transpose(CommunicatorOperator):
         return tuple(domain), tuple(range_)
 
     def abilities(self, direction):
-        if self.size == 1:
-            return Abilities(identity=True)
+        if self.is_identity:
+            return super().abilities(direction)
         return Abilities(start=lambda x, out, context: self._begin(direction, x, out, context, f"start_{direction}"))
 
     def _plan(self, direction, x):
