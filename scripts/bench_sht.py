@@ -28,7 +28,7 @@ import numpy
 from mpi4py import MPI
 
 import mpisphere
-from benchtools import measure, write_results
+from benchtools import measure, measure_rounds, write_results
 from mpisphere.sht import costs
 from mpisphere import (DistributedInverseRealSHT, DistributedInverseRealVectorSHT, DistributedRealSHT,
                        DistributedRealVectorSHT, ProcessGrid)
@@ -88,27 +88,30 @@ def bench_vector_grid(grid, args, xp, sync):
     scalar = wind[:, 0].copy()
     cs, cv = sht.forward(scalar), vsht.forward(wind)
     out = {"scalar": (xp.empty_like(cs), xp.empty_like(scalar)), "vector": (xp.empty_like(cv), xp.empty_like(wind))}
-    cases = [("scalar forward", lambda: sht.forward(scalar, out=out["scalar"][0])),
-             ("scalar inverse", lambda: isht.forward(cs, out=out["scalar"][1])),
-             ("vector forward", lambda: vsht.forward(wind, out=out["vector"][0])),
-             ("vector inverse", lambda: ivsht.forward(cv, out=out["vector"][1])),
-             ("vector forward adjoint", lambda: vsht.adjoint(cv)),
-             ("vector inverse adjoint", lambda: ivsht.adjoint(wind))]
+    alternated = {"scalar forward": lambda: sht.forward(scalar, out=out["scalar"][0]),
+                  "vector forward": lambda: vsht.forward(wind, out=out["vector"][0]),
+                  "scalar inverse": lambda: isht.forward(cs, out=out["scalar"][1]),
+                  "vector inverse": lambda: ivsht.forward(cv, out=out["vector"][1])}
+    rounds = measure_rounds(grid.cart, alternated, args.repeats, args.warmup, sync)
+    timed = {name: (float(numpy.median(t)), float(t.min()), float(t.max())) for name, t in rounds.items()}
+    for name, fn in (("vector forward adjoint", lambda: vsht.adjoint(cv)),
+                     ("vector inverse adjoint", lambda: ivsht.adjoint(wind))):
+        timed[name] = measure(grid.cart, fn, args.repeats, args.warmup, sync)
+    label = f"{grid.npolar}x{grid.nazimuth}"
     rows = []
-    for name, fn in cases:
-        median, low, high = measure(grid.cart, fn, args.repeats, args.warmup, sync)
-        rows.append({"grid": f"{grid.npolar}x{grid.nazimuth}", "case": name, "median_ms": median, "min_ms": low,
-                     "max_ms": high})
+    for name, (median, low, high) in timed.items():
+        rows.append({"grid": label, "case": name, "median_ms": median, "min_ms": low, "max_ms": high})
         if grid.rank == 0:
             what = "winds" if name.startswith("vector") else "fields"
-            print(f"{rows[-1]['grid']:>4} {name:24s} {median:9.1f} ms [{low:8.1f}..{high:8.1f}]  ({batch} {what}"
+            print(f"{label:>4} {name:24s} {median:9.1f} ms [{low:8.1f}..{high:8.1f}]  ({batch} {what}"
                   f"{'' if 'adjoint' in name else ', out='})", flush=True)
-    medians = {r["case"]: r["median_ms"] for r in rows}
+    ratios = {kind: float(numpy.median(rounds[f"vector {kind}"] / rounds[f"scalar {kind}"]))
+              for kind in ("forward", "inverse")}
+    rows += [{"grid": label, "case": f"ratio vector/scalar {kind}", "value": value} for kind, value in ratios.items()]
     if grid.rank == 0:
-        print(f"{rows[-1]['grid']:>4} ratios: vector / scalar forward = "
-              f"{medians['vector forward'] / medians['scalar forward']:.2f}, inverse = "
-              f"{medians['vector inverse'] / medians['scalar inverse']:.2f} (two components: 2.0 is the "
-              f"cost of two scalar transforms)", flush=True)
+        print(f"{label:>4} ratios (median of per-round ratios, timed in alternation): vector / scalar forward = "
+              f"{ratios['forward']:.2f}, inverse = {ratios['inverse']:.2f} (two components: 2.0 is the cost of "
+              f"two scalar transforms)", flush=True)
     return rows
 
 

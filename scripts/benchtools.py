@@ -31,6 +31,32 @@ def measure(comm, fn, repeats, warmup, sync=None):
     return float(numpy.median(times)), float(times.min()), float(times.max())
 
 
+def measure_rounds(comm, cases, repeats, warmup, sync=None):
+    """Per-round times (ms, slowest rank) of several callables timed in alternation.
+
+    Each round runs every case of ``cases`` (a dict of name -> callable)
+    once, each from a barrier, so drift of a shared machine hits all of them
+    alike; the ratio of two cases is best taken round by round (the median
+    of per-round ratios). Returns a dict of name -> array of ``repeats``
+    times.
+    """
+    for _ in range(warmup):
+        for fn in cases.values():
+            fn()
+    if sync is not None:
+        sync()
+    times = {name: [] for name in cases}
+    for _ in range(repeats):
+        for name, fn in cases.items():
+            comm.Barrier()
+            start = time.perf_counter()
+            fn()
+            if sync is not None:
+                sync()
+            times[name].append(comm.allreduce(time.perf_counter() - start, op=MPI.MAX))
+    return {name: 1e3 * numpy.array(t) for name, t in times.items()}
+
+
 def write_results(path, meta, rows):
     """Write ``{"meta": meta, "rows": rows}`` as JSON, with the NumPy and mpisphere versions added to ``meta``."""
     meta = dict(meta, numpy=numpy.__version__, mpisphere=mpisphere.__version__)

@@ -191,9 +191,10 @@ def sht_costs(nlat, nlon, lmax, mmax, npolar, nazimuth, *, batch=1, vector=False
     batch_azimuth, batch_polar = split_sizes(padded, nazimuth), split_sizes(padded, npolar)
     assignment = order_assignment(mmax, lmax, nazimuth, orders)
     fft_per_row = 2.5 * nlon * math.log2(nlon) if nlon > 1 else 0.0
-    # every stage but the in-place Legendre step writes the other buffer; a scalar transform on one rank
-    # has one such stage in each direction (the forward FFT; the inverse's copy from the caller's layout)
-    slots = 1 if npolar == nazimuth == 1 and not vector else 2
+    # every stage but the in-place Legendre step writes the other buffer; a transform on one rank has one such
+    # stage in each direction (the forward FFT; the inverse's copy from the caller's layout, or the vector
+    # coupling, which reads and writes the caller's layout itself)
+    slots = 1 if npolar == nazimuth == 1 else 2
     # per azimuth rank (and tile height) once: a grid of thousands of ranks has few distinct ones
     transpose_entries = [table_entries(lmax, mine, nlat, vector) for mine in assignment]
     row_entries = {}

@@ -91,7 +91,8 @@ class _VectorTransform(Transform):
         zero_order = m[0] == 0
         alpha, beta, g = (numpy.where(zero_order, 0.0, c) for c in (alpha, beta, g))
         alpha, beta, delta, g = numpy.broadcast_arrays(alpha, beta, delta, g)
-        return VectorCoupling(alpha, beta, delta, g, lin, self.cdtype, self._layout)
+        starts = numpy.maximum(self.local_orders, 1)  # the vector tables' first degrees (order 0 starts at 1)
+        return VectorCoupling(alpha, beta, delta, g, lin, self.cdtype, self._layout, starts)
 
     def _degree_stages(self):
         return [self._coupling]
