@@ -1,0 +1,210 @@
+"""Operators as PyTorch autograd functions: gradcheck on whole-field functions, torch-harmonics' gradients.
+
+``torch.autograd.gradcheck`` compares a function's numerical Jacobian with
+its backward on one process. A distributed operator maps each rank's piece
+to each rank's piece, so the tests check it inside a function that every
+rank evaluates alike: whole replicated inputs are cut into this rank's piece
+(``ScatterTo``, whose adjoint gathers), the operator runs, and a fixed random
+matrix per rank maps its output to a few numbers that ``ReduceFrom`` sums over
+the grid. Every step goes through :func:`mpisphere.torch.apply`, so the
+backward of each is its adjoint; the perturbations gradcheck makes are the
+same on every rank, and so are its collective calls.
+
+CI (``.ci/torch``) installs the ``torch`` extra and torch-harmonics and sets
+``MPISPHERE_REQUIRE_TORCH=1``, which turns a missing PyTorch or torch-harmonics
+into a failure instead of a skip.
+"""
+
+import os
+
+import numpy
+import pytest
+from mpi4py import MPI
+
+from mpisphere import (DistributedInverseRealSHT, DistributedInverseRealVectorSHT, DistributedRealSHT,
+                       DistributedRealVectorSHT, HaloExchange, ProcessGrid, ReduceFrom, ScatterTo, Transpose)
+
+from helpers import rank_rng
+
+REQUIRED = os.environ.get("MPISPHERE_REQUIRE_TORCH") == "1"
+if REQUIRED:
+    import torch
+else:
+    torch = pytest.importorskip("torch")
+
+import mpisphere.torch as mt  # noqa: E402 (after the check above)
+
+
+def _scatter_tiles(grid, nlat, nlon):
+    return [ScatterTo(grid.polar, -2, nlat), ScatterTo(grid.azimuth, -1, nlon)]
+
+
+def whole_field_function(grid, op, scatter, outputs=3, seed=5):
+    """``x_whole -> sum over ranks of W_r vec(op(piece of x_whole))``: whole and replicated on both sides."""
+    weights = {}
+
+    def function(x_whole):
+        x = x_whole
+        for cut in scatter:
+            x = mt.apply(cut, x)
+        y = mt.apply(op, x)
+        v = (torch.view_as_real(y) if y.is_complex() else y).reshape(-1)
+        if "w" not in weights:
+            rng = rank_rng(grid.cart, seed)
+            weights["w"] = torch.from_numpy(rng.standard_normal((outputs, v.numel())))
+        return mt.apply(ReduceFrom(grid.cart), weights["w"] @ v)
+
+    return function
+
+
+def _whole(shape, complex_=False, seed=3):
+    """The same random whole input on every rank (float64 or complex128), requiring gradients."""
+    rng = numpy.random.default_rng(seed)
+    x = rng.standard_normal(shape)
+    if complex_:
+        x = x + 1j * rng.standard_normal(shape)
+    return torch.from_numpy(x).requires_grad_(True)
+
+
+def _coefficients(shape, seed=4):
+    """Whole coefficient arrays (any complex values: the inverse transforms are real-linear in them)."""
+    return _whole(shape, complex_=True, seed=seed)
+
+
+def _gradcheck(function, x):
+    assert torch.autograd.gradcheck(function, (x,), eps=1e-6, atol=1e-8, rtol=1e-6)
+
+
+@pytest.mark.mpi
+def test_gradcheck_of_the_scalar_transforms_on_real_and_complex_sides(grid):
+    nlat, nlon = 7, 10
+    sht = DistributedRealSHT(grid, nlat, nlon, quadrature="legendre-gauss")
+    isht = DistributedInverseRealSHT(grid, nlat, nlon, quadrature="legendre-gauss")
+    assert list(sht.local_degrees) == list(range(ScatterTo(grid.polar, -2, sht.lmax).offsets[grid.polar.rank],
+                                                  ScatterTo(grid.polar, -2, sht.lmax).offsets[grid.polar.rank]
+                                                  + len(sht.local_degrees)))
+    _gradcheck(whole_field_function(grid, sht, _scatter_tiles(grid, nlat, nlon)), _whole((nlat, nlon)))
+    coefficient_cut = [ScatterTo(grid.polar, -2, isht.lmax), ScatterTo(grid.azimuth, -1, isht.mmax)]
+    _gradcheck(whole_field_function(grid, isht, coefficient_cut), _coefficients((isht.lmax, isht.mmax)))
+
+
+@pytest.mark.mpi
+def test_gradcheck_of_the_vector_transforms(grid):
+    nlat, nlon = 6, 10
+    vsht = DistributedRealVectorSHT(grid, nlat, nlon, quadrature="equiangular")
+    ivsht = DistributedInverseRealVectorSHT(grid, nlat, nlon, quadrature="equiangular")
+    _gradcheck(whole_field_function(grid, vsht, _scatter_tiles(grid, nlat, nlon)), _whole((2, nlat, nlon)))
+    cut = [ScatterTo(grid.polar, -2, ivsht.lmax), ScatterTo(grid.azimuth, -1, ivsht.mmax)]
+    _gradcheck(whole_field_function(grid, ivsht, cut), _coefficients((2, ivsht.lmax, ivsht.mmax)))
+
+
+@pytest.mark.mpi
+def test_gradcheck_of_a_halo_a_transpose_and_a_composition(grid):
+    nlat, nlon = 7, 10
+    halo = HaloExchange(grid, 1, 1, extents=(nlat, nlon), poles="across", quadrature="legendre-gauss")
+    _gradcheck(whole_field_function(grid, halo, _scatter_tiles(grid, nlat, nlon)), _whole((nlat, nlon)))
+    # a transpose of the polar axis: latitudes split -> longitudes split, within each polar column
+    lon_piece = grid.lon_sizes(nlon)[grid.azimuth.rank]
+    transpose = Transpose(grid.polar, (-1, -2), (lon_piece, nlat))
+    cut = [ScatterTo(grid.polar, -2, nlat), ScatterTo(grid.azimuth, -1, nlon)]
+    _gradcheck(whole_field_function(grid, transpose, cut), _whole((2, nlat, nlon), seed=8))
+    sht = DistributedRealSHT(grid, nlat, nlon, quadrature="equiangular")
+    isht = DistributedInverseRealSHT(grid, nlat, nlon, quadrature="equiangular")
+    composition = sht @ (isht @ sht) + 0.5 * sht
+    _gradcheck(whole_field_function(grid, composition, _scatter_tiles(grid, nlat, nlon)), _whole((nlat, nlon)))
+
+
+@pytest.mark.mpi
+def test_second_derivatives_and_the_adjoint_module(grid):
+    nlat, nlon = 6, 8
+    sht = DistributedRealSHT(grid, nlat, nlon, quadrature="legendre-gauss")
+    function = whole_field_function(grid, sht, _scatter_tiles(grid, nlat, nlon))
+    assert torch.autograd.gradgradcheck(function, (_whole((nlat, nlon)),), eps=1e-6, atol=1e-8, rtol=1e-6)
+    module = mt.TorchOperator(sht)
+    x = torch.from_numpy(rank_rng(grid.cart, 2).standard_normal(sht.tile_shape))
+    c = module(x)
+    numpy.testing.assert_array_equal(c.numpy(), sht.forward(x.numpy()))
+    numpy.testing.assert_array_equal(module.H(c).numpy(), sht.adjoint(c.numpy()))
+    assert "DistributedRealSHT.H" in repr(module.H)
+
+
+@pytest.mark.mpi
+def test_tensors_reach_the_operators_without_copies(grid):
+    x = torch.zeros(3, 4, dtype=torch.float64)
+    a = mt.as_array(x)
+    assert a.ctypes.data == x.data_ptr() and a.shape == (3, 4)
+    back = mt.as_tensor(a)
+    assert back.data_ptr() == x.data_ptr()
+    z = torch.zeros(2, 2, dtype=torch.complex128)
+    assert mt.as_array(z).ctypes.data == z.data_ptr()
+    # a lazily conjugated view is resolved (a copy) so the operator sees the conjugated values
+    w = torch.tensor([1 + 2j]).conj()
+    assert mt.as_array(w)[0] == 1 - 2j
+    with pytest.raises(TypeError, match="expected a torch.Tensor"):
+        mt.apply(DistributedRealSHT(grid, 6, 8), numpy.zeros((1, 1)))
+
+
+@pytest.mark.mpi
+def test_a_shape_mistake_on_one_rank_raises_on_every_rank(grid):
+    sht = DistributedRealSHT(grid, 8, 12)
+    shape = sht.tile_shape if grid.rank != grid.size - 1 else (sht.tile_shape[0] + 1, sht.tile_shape[1])
+    with pytest.raises(ValueError):
+        mt.apply(sht, torch.zeros(shape, dtype=torch.float64))
+
+
+@pytest.mark.mpi
+def test_gradients_of_a_loss_equal_torch_harmonics_serial_autograd(grid):
+    """A loss of the coefficients and of the synthesised field, on the grid and in torch-harmonics on one rank."""
+    if REQUIRED:
+        import torch_harmonics as th
+    else:
+        th = pytest.importorskip("torch_harmonics")
+    nlat, nlon = 12, 24
+    sht = DistributedRealSHT(grid, nlat, nlon, quadrature="equiangular")
+    isht = DistributedInverseRealSHT(grid, nlat, nlon, quadrature="equiangular")
+    rng = numpy.random.default_rng(9)
+    whole = rng.standard_normal((2, nlat, nlon))
+    weights = rng.standard_normal((sht.lmax, sht.mmax))
+    lat, lon = grid.local_slices(nlat, nlon)
+    tile = torch.from_numpy(whole[:, lat, lon].copy()).requires_grad_(True)
+    local_weights = torch.from_numpy(weights[sht.local_degrees][:, sht.local_orders].copy())
+    coeffs = mt.apply(sht, tile)
+    field = mt.apply(isht, coeffs * local_weights)
+    local_loss = (coeffs.abs() ** 2 * local_weights).sum() + (field ** 3).sum()
+    local_loss.backward()
+    loss = grid.cart.allreduce(float(local_loss.detach()), op=MPI.SUM)
+    gradient = grid.gather(tile.grad.numpy())
+    reference = None
+    if grid.rank == 0:
+        x = torch.from_numpy(whole).requires_grad_(True)
+        forward = th.RealSHT(nlat, nlon, lmax=sht.lmax, mmax=sht.mmax, grid="equiangular").double()
+        inverse = th.InverseRealSHT(nlat, nlon, lmax=sht.lmax, mmax=sht.mmax, grid="equiangular").double()
+        c = forward(x)
+        w = torch.from_numpy(weights)
+        serial_loss = (c.abs() ** 2 * w).sum() + (inverse(c * w) ** 3).sum()
+        serial_loss.backward()
+        reference = (float(serial_loss.detach()), x.grad.numpy())
+    reference = grid.cart.bcast(reference, root=0)
+    scale = abs(reference[1]).max()
+    assert abs(loss - reference[0]) <= 1e-10 * abs(reference[0])
+    if grid.rank == 0:
+        assert abs(gradient - reference[1]).max() <= 1e-10 * scale
+
+
+def test_the_module_imports_torch_only_when_asked():
+    """``import mpisphere`` does not import torch (a fresh interpreter)."""
+    import subprocess
+    import sys
+    code = "import sys, mpisphere; mpisphere.DistributedRealSHT; print('torch' in sys.modules)"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYDRA_", "MPIR_", "OMPI_"))}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert out.stdout.strip() == "False", out.stderr
+
+
+@pytest.mark.mpi
+def test_a_one_rank_grid_of_comm_self_inside_a_launch():
+    with ProcessGrid(MPI.COMM_SELF) as grid:
+        sht = DistributedRealSHT(grid, 6, 8)
+        x = torch.randn(6, 8, dtype=torch.float64, requires_grad=True)
+        (mt.apply(sht, x).abs() ** 2).sum().backward()
+        assert x.grad.shape == (6, 8)
