@@ -36,10 +36,14 @@ def test_demo_runs_the_model_and_the_checks(tmp_path):
     assert "round trip" in out and "dot tests" in out
 
 
-def test_fourdvar_lowers_the_error(tmp_path):
+@pytest.mark.parametrize("method", ["lbfgs", "incremental"])
+def test_fourdvar_lowers_the_error(tmp_path, method):
+    if method == "incremental":
+        pytest.importorskip("pylops_mpi")  # the pylops extra (Python 3.11 and newer)
     out = launch(3, "fourdvar.py", "--nlat", "32", "--nlon", "64", "--dt", "360", "--spinup", "2", "--hours", "2",
-                 "--obs", "150", "--iterations", "12", cwd=tmp_path)
+                 "--obs", "150", "--method", method, "--iterations", "12", "--inner", "6,6", cwd=tmp_path)
     assert "analysis / background error at the start" in out, out
+    assert ("pylops-mpi" in out) == (method == "incremental"), out
     # the script itself exits 1 unless the analysis is 25% closer to the truth than the background
 
 
