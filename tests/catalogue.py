@@ -64,6 +64,7 @@ def operators(grid):
         (DistributedRealSHT(grid, NLAT, NLON, legendre="reduce-scatter"), (2,), numpy.float64, local),
         (DistributedInverseRealVectorSHT(grid, NLAT, NLON, legendre="reduce-scatter"), (2,), numpy.complex128, local),
         (DistributedInverseRealSHT(grid, NLAT, NLON, legendre="table-free"), (2,), numpy.complex128, local),
+        (DistributedRealVectorSHT(grid, NLAT, NLON, legendre="table-free"), (2,), numpy.float64, local),
         (PointInterpolation(grid, NLAT, NLON, lats, lons), (2,), numpy.float64, local),
         (calculus.laplacian(sht, 2.0), (2,), numpy.complex128, local),
         (calculus.hyperdiffusion(isht, 600.0), (2,), numpy.complex128, local),

@@ -74,7 +74,7 @@ def test_scratch_is_what_the_model_counts(grid, vector):
 
 
 @pytest.mark.parametrize("legendre, vector", [("reduce-scatter", False), ("reduce-scatter", True),
-                                               ("table-free", False)])
+                                               ("table-free", False), ("table-free", True)])
 def test_the_reduce_scatter_strategies_send_what_the_model_counts(grid, monkeypatch, legendre, vector):
     """The polar exchange is one Reduce_scatter of every degree's partial sums; the transposes are the azimuth ones."""
     nlat, nlon, batch = 23, 40, 3

@@ -88,7 +88,7 @@ def choose_legendre(nlat, lmax, mmax, npolar, nazimuth, *, vector=False, dtype=n
     Today's ``"transpose"`` whenever its tables fit ``budget`` (the fastest
     measured here, docs/benchmarks.md); else ``"reduce-scatter"`` if its
     tables (which shrink with every polar rank) fit; else ``"table-free"``
-    (scalar transforms, ducc0 installed), else ``"reduce-scatter"``.
+    (ducc0 installed), else ``"reduce-scatter"``.
     """
     budget = default_table_budget() if budget is None else budget
     options = dict(vector=vector, dtype=dtype, orders=orders)
@@ -99,7 +99,7 @@ def choose_legendre(nlat, lmax, mmax, npolar, nazimuth, *, vector=False, dtype=n
     if npolar > 1 and rows <= budget:
         return "reduce-scatter", (f"transpose tables of {transpose / 1e6:.1f} MB exceed {budget / 1e6:.0f} MB; "
                                   f"own-latitude tables of {rows / 1e6:.1f} MB fit")
-    if table_free and not vector:
+    if table_free:
         return "table-free", f"tables of {min(transpose, rows) / 1e6:.1f} MB or more exceed {budget / 1e6:.0f} MB"
     return "reduce-scatter", f"no strategy's tables fit {budget / 1e6:.0f} MB; the smallest tables"
 
@@ -117,9 +117,6 @@ def resolve_legendre(legendre, budget, nlat, lmax, mmax, npolar, nazimuth, *, ve
         if legendre != "auto":
             raise ValueError(f"{who}: max_table_bytes is the budget legendre='auto' chooses by; "
                              f"legendre={legendre!r} does not use it")
-    if legendre == "table-free" and vector:
-        raise ValueError(f"{who}: legendre='table-free' is for scalar transforms (ducc0's spin-0 functions); "
-                         "use 'reduce-scatter' for vector fields")
     if legendre == "table-free" and not table_free:
         raise ImportError(f"{who}: legendre='table-free' needs ducc0: pip install 'mpisphere[ducc0]'")
     if legendre != "auto":

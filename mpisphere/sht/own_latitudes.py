@@ -178,7 +178,7 @@ class TableFreeLegendre(_OwnLatitudeStage):
     Parameters
     ----------
     lmax : int
-        Degrees ``0 .. lmax - 1``.
+        Degrees ``0 .. lmax - 1`` (a vector transform's ``lmax + 1``).
     orders : int array
         This rank's orders.
     theta : ndarray
@@ -191,6 +191,11 @@ class TableFreeLegendre(_OwnLatitudeStage):
     layout : Layout
     weights : ndarray, optional
         As for :class:`OwnLatitudeTables`.
+    vector : bool
+        The vector transforms' functions instead (see
+        :func:`~mpisphere.sht.tables.vector_tables`): ``P(l, m) / sin(theta)``
+        for ``m >= 1``, ``P(l, 1)`` without the Condon-Shortley phase for
+        order 0, orthonormal (the norm is the degree coupling's).
 
     Notes
     -----
@@ -199,12 +204,17 @@ class TableFreeLegendre(_OwnLatitudeStage):
     the norm's degree factors and, without ``csphase``, ``(-1)^m`` are
     applied to the coefficients. Forward: ``c = f(l) s_m leg2alm(w X)``;
     adjoint: ``X = w alm2leg(f(l) s_m c)`` (``leg2alm`` and ``alm2leg`` are
-    each other's transposes). Scalar fields only (spin 0).
+    each other's transposes). The vector functions are spin-0 ones too:
+    ``1 / sin(theta)`` joins the latitude weights, and order 0 asks ducc0 for
+    order 1. At a pole ``P(l, m) / sin(theta)`` is a limit (not zero for
+    ``m = 1``) that no product gives: those latitudes take their values from
+    :func:`~mpisphere.legendre.associated_legendre` (``(L, m_loc)`` per pole,
+    the only numbers kept).
     """
 
     _per_rank = ("orders", "theta", "weights")  # this rank's orders and latitudes
 
-    def __init__(self, lmax, orders, theta, norm, csphase, inverse, dtype, layout, weights=None):
+    def __init__(self, lmax, orders, theta, norm, csphase, inverse, dtype, layout, weights=None, vector=False):
         super().__init__(layout)
         import ducc0.sht  # noqa: F401 -- fail at construction, not in the first call
         self.degrees, self.nlat = lmax, len(theta)
@@ -212,40 +222,85 @@ class TableFreeLegendre(_OwnLatitudeStage):
         self.theta = numpy.ascontiguousarray(theta, dtype=numpy.float64)
         self.dtype = numpy.dtype(dtype)
         real = dtypes.real_of(self.dtype)
-        self.weights = None if weights is None else numpy.ascontiguousarray(weights, dtype=real)
-        signs = numpy.array([1.0 if csphase or m % 2 == 0 else -1.0 for m in self.orders])
-        self.scale = (degree_factors(lmax, norm, inverse)[:, None] * signs[None, :]).astype(real)
-        self._mval = numpy.array(self.orders, dtype=numpy.uintp)
-        self._mstart = numpy.arange(len(self.orders), dtype=numpy.uintp)
-        self._lower = numpy.arange(lmax)[:, None] < numpy.array(self.orders)[None, :]  # l < m: no function
+        orders = numpy.array(self.orders, dtype=numpy.int64)
+        functions = numpy.maximum(orders, 1) if vector else orders  # the order of each column's functions
+        if vector:  # P(l, 1) of order 0 without the phase ducc0 includes
+            signs = numpy.where(orders == 0, -1.0, 1.0 if csphase else (-1.0) ** orders)
+            factors = numpy.ones(lmax)
+        else:
+            signs = numpy.where((orders % 2 == 0) | csphase, 1.0, -1.0)
+            factors = degree_factors(lmax, norm, inverse)
+        self.scale = (factors[:, None] * signs[None, :]).astype(real)
+        self._given_weights = None if weights is None else numpy.asarray(weights, dtype=numpy.float64)
+        self.weights = self._latitude_factors(weights, orders, vector).astype(real)
+        self._poles = self._pole_values(orders, csphase) if vector else []
+        # ducc0 takes each order once: the vector transforms' order 0 (whose functions are order 1's) is its own call
+        split = 1 if vector and len(orders) > 1 and orders[0] == 0 else 0
+        self._groups = [slice(0, split), slice(split, len(orders))] if split else [slice(0, len(orders))]
+        self._mval = functions.astype(numpy.uintp)
+        self._lower = numpy.arange(lmax)[:, None] < functions[None, :]  # no function below its order
         self._workspace = backend.Workspace()
+
+    def _latitude_factors(self, weights, orders, vector):
+        """``(nlat_loc, m_loc)``: the weights, and ``1 / sin(theta)`` for the vector functions (0 at a pole)."""
+        w = numpy.ones(self.nlat) if weights is None else numpy.asarray(weights, dtype=numpy.float64)
+        factors = numpy.repeat(w[:, None], len(orders), axis=1)
+        if vector:
+            sin = numpy.sin(self.theta)
+            inverse_sin = numpy.zeros_like(sin)
+            inside = ~self._at_pole()
+            inverse_sin[inside] = 1.0 / sin[inside]
+            factors[:, orders > 0] *= inverse_sin[:, None]
+        return factors
+
+    def _at_pole(self):
+        return numpy.abs(numpy.sin(self.theta)) < 1e-12
+
+    def _pole_values(self, orders, csphase):
+        """``[(k, w_k, Q)]`` per pole latitude ``k`` of this rank: ``Q`` ``(L, m_loc)``, ``P / sin`` in the limit."""
+        positive = [int(m) for m in orders if m > 0]
+        poles = []
+        for k in numpy.flatnonzero(self._at_pole()):
+            values = numpy.zeros((self.degrees, len(orders)))
+            if positive:
+                limit = associated_legendre(self.degrees, positive, self.theta[k:k + 1], "ortho", csphase,
+                                            divide_by_sin=True)[:, :, 0]
+                values[:, orders > 0] = limit.T
+            weight = 1.0 if self._given_weights is None else float(self._given_weights[k])
+            poles.append((int(k), weight, values.astype(dtypes.real_of(self.dtype))))
+        return poles
 
     def _run(self, direction, x, out, context):
         if backend.is_device_array(x):
             raise InputError("legendre='table-free' runs on host arrays (ducc0); use 'reduce-scatter' on a GPU",
                              TypeError)
+        for columns in self._groups:
+            self._run_columns(direction, x[..., columns], out[..., columns], columns)
+        for k, weight, values in self._poles:  # the limits at the poles, which no product with 1 / sin gives
+            if direction == FORWARD:
+                out += values * (weight * x[:, :, k:k + 1, :])
+            else:
+                out[:, :, k, :] += weight * numpy.sum(values * x, axis=2)
+
+    def _run_columns(self, direction, x, out, columns):
+        """ducc0 on the orders ``columns`` of ``x`` and ``out`` (views of those columns), field by field."""
         import ducc0.sht
-        count = len(self.orders)
-        options = dict(lmax=self.degrees - 1, theta=self.theta, spin=0, mval=self._mval, mstart=self._mstart,
-                       lstride=count, nthreads=1)
+        count = columns.stop - columns.start
+        options = dict(lmax=self.degrees - 1, theta=self.theta, spin=0, mval=self._mval[columns],
+                       mstart=numpy.arange(count, dtype=numpy.uintp), lstride=count, nthreads=1)
         leg = self._workspace.scratch("leg", x, self.nlat * count).reshape(1, self.nlat, count)
         alm = self._workspace.scratch("alm", x, self.degrees * count).reshape(self.degrees, count)
+        weights, scale, lower = self.weights[:, columns], self.scale[:, columns], self._lower[:, columns]
         for b, c in numpy.ndindex(*x.shape[:2]):
             if direction == FORWARD:
-                if self.weights is None:
-                    leg[0] = x[b, c]
-                else:
-                    numpy.multiply(x[b, c], self.weights[:, None], out=leg[0])
-                alm[self._lower] = 0
+                numpy.multiply(x[b, c], weights, out=leg[0])
+                alm[lower] = 0
                 ducc0.sht.leg2alm(leg=leg, alm=alm.reshape(1, -1), **options)
-                numpy.multiply(alm, self.scale, out=out[b, c])
+                numpy.multiply(alm, scale, out=out[b, c])
             else:
-                numpy.multiply(x[b, c], self.scale, out=alm)
+                numpy.multiply(x[b, c], scale, out=alm)
                 ducc0.sht.alm2leg(alm=alm.reshape(1, -1), leg=leg, **options)
-                if self.weights is None:
-                    out[b, c] = leg[0]
-                else:
-                    numpy.multiply(leg[0], self.weights[:, None], out=out[b, c])
+                numpy.multiply(leg[0], weights, out=out[b, c])
 
 
 def table_free_available():

@@ -43,7 +43,7 @@ the Legendre step; all give the same coefficients to rounding:
     transforms do the same.
 ``"table-free"``
     the reduce-scatter pattern with no tables at all: ducc0 evaluates the
-    functions on the fly (scalar transforms, host arrays), for grids whose
+    functions on the fly (scalar and vector transforms, host arrays), for grids whose
     tables fit nowhere (2049 x 4096 and finer). Batch and
 component axes travel together through the transposes; only the batch is
 split over ranks, never the two components of a vector field.
@@ -388,8 +388,10 @@ class Transform(LinearOperator):
         if self.legendre == "reduce-scatter":
             return OwnLatitudeTables(self.tables, h, self.cdtype, self._layout, self._legendre_weights())
         inverse = self._table_kind == "synthesis"
-        return TableFreeLegendre(self.lmax, self.local_orders, self.theta[self._own_latitudes()], self.norm,
-                                 self.csphase, inverse, self.cdtype, self._layout, self._legendre_weights())
+        vector = self._components == 2  # the vector functions, up to degree lmax (the coupling's neighbours)
+        return TableFreeLegendre(self.lmax + vector, self.local_orders, self.theta[self._own_latitudes()],
+                                 self.norm, self.csphase, inverse, self.cdtype, self._layout,
+                                 self._legendre_weights(), vector=vector)
 
     def _degree_stages(self):
         """Local stages between the Legendre step and the degree transpose (none for scalar fields)."""

@@ -53,6 +53,8 @@ class _VectorTransform(Transform):
     _components = 2
 
     def _build_tables(self):
+        if self.legendre == "table-free":
+            return None
         if self.legendre == "reduce-scatter":
             theta = self.theta[self._own_latitudes()]
             return self._shared_tables(("vector",), lambda: own_latitude_tables(
