@@ -115,6 +115,19 @@ def test_gradcheck_of_a_halo_a_transpose_and_a_composition(grid):
 
 
 @pytest.mark.mpi
+def test_gradcheck_of_the_tangent_linear_model_in_fast_mode(grid):
+    """``ShallowWaterSolver.linearize`` as a torch function (gradcheck's fast mode: a few random projections)."""
+    from mpisphere.examples import ShallowWaterSolver
+    swe = ShallowWaterSolver(grid, 12, 24, dt=150.0, quadrature="legendre-gauss")
+    model = swe.linearize(swe.random_initial_condition(), 2)
+    cut = [ScatterTo(grid.polar, -2, swe.lmax), ScatterTo(grid.azimuth, -1, swe.mmax)]
+    torch.manual_seed(0)  # gradcheck's projections: the same on every rank
+    x = _coefficients((3, swe.lmax, swe.mmax))
+    assert torch.autograd.gradcheck(whole_field_function(grid, model, cut), (x,), eps=1e-6, atol=1e-8,
+                                    rtol=1e-6, fast_mode=True)
+
+
+@pytest.mark.mpi
 def test_second_derivatives_and_the_adjoint_module(grid):
     nlat, nlon = 6, 8
     sht = DistributedRealSHT(grid, nlat, nlon, quadrature="legendre-gauss")
