@@ -21,8 +21,9 @@ import numpy
 import pytest
 from mpi4py import MPI
 
-from mpisphere import (DistributedInverseRealSHT, DistributedInverseRealVectorSHT, DistributedRealSHT,
-                       DistributedRealVectorSHT, HaloExchange, ProcessGrid, ReduceFrom, ScatterTo, Transpose)
+from mpisphere import (CopyTo, DistributedInverseRealSHT, DistributedInverseRealVectorSHT, DistributedRealSHT,
+                       DistributedRealVectorSHT, GatherFromCopyTo, HaloExchange, HaloReduce, ProcessGrid, ReduceFrom,
+                       ReduceScatter, ScatterTo, Transpose)
 
 from helpers import rank_rng
 
@@ -112,6 +113,35 @@ def test_gradcheck_of_a_halo_a_transpose_and_a_composition(grid):
     isht = DistributedInverseRealSHT(grid, nlat, nlon, quadrature="equiangular")
     composition = sht @ (isht @ sht) + 0.5 * sht
     _gradcheck(whole_field_function(grid, composition, _scatter_tiles(grid, nlat, nlon)), _whole((nlat, nlon)))
+
+
+@pytest.mark.mpi
+def test_gradcheck_of_the_other_primitives(grid):
+    """``ReduceScatter``, ``GatherFromCopyTo``, ``CopyTo`` and ``HaloReduce``, each inside a whole-field function."""
+    n, size = 7, grid.size
+    cart = grid.cart
+    # every rank's own partial array of the whole extent, summed and split
+    reduce_scatter = [ScatterTo(cart, -2, size)], ReduceScatter(cart, -1, n)
+    _gradcheck(whole_field_function(grid, reduce_scatter[1], reduce_scatter[0]), _whole((2, size, n)))
+    # a chunk per rank, gathered into every rank's private copy
+    _gradcheck(whole_field_function(grid, GatherFromCopyTo(cart, -1, n), [ScatterTo(cart, -1, n)]), _whole((3, n)))
+    # a replicated parameter into per-rank copies (its adjoint sums them)
+    _gradcheck(whole_field_function(grid, CopyTo(cart), []), _whole((4,)))
+    # padded tiles weighted per rank, then the halo's adjoint sums the ghost cells into their owners
+    nlat, nlon = 7, 10
+    exchange = HaloExchange(grid, 1, 1, extents=(nlat, nlon), poles="across", quadrature="equiangular")
+    reduce = HaloReduce(grid, 1, 1, extents=(nlat, nlon), poles="across", quadrature="equiangular")
+    padded = exchange.range_shape(())
+    mask = torch.from_numpy(rank_rng(grid.cart, 12).standard_normal(padded))
+
+    def halo_then_reduce(x_whole):
+        x = x_whole
+        for cut in _scatter_tiles(grid, nlat, nlon):
+            x = mt.apply(cut, x)
+        return mt.apply(exchange, x) * mask
+
+    function = whole_field_function(grid, reduce, [])
+    _gradcheck(lambda x: function(halo_then_reduce(x)), _whole((nlat, nlon)))
 
 
 @pytest.mark.mpi
