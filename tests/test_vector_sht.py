@@ -144,8 +144,9 @@ def test_vector_input_checks(grid):
 
 
 @pytest.mark.parametrize("block_bytes", [1, 3000])
-def test_degree_coupling_in_blocks_of_orders_gives_the_same_result(grid, monkeypatch, block_bytes):
-    """The coupling runs in blocks of orders on the host (cache); any block size gives the same numbers."""
+def test_degree_coupling_in_blocks_gives_the_same_result(grid, monkeypatch, block_bytes):
+    """The coupling runs in blocks of degree rows (and of orders, when a row is over the size) on the host; any
+    block size gives the same numbers, through the caller's layout as through the pipeline's."""
     from mpisphere.sht.coupling import VectorCoupling
     nlat, nlon = 21, 40
     whole = {}
