@@ -27,12 +27,25 @@ import numpy
 
 from .. import backend
 
-__all__ = ["METHODS", "BATCH_INNERMOST", "analyze", "synthesize", "copy_degrees", "degrees_are_triangular"]
+__all__ = ["METHODS", "BATCH_INNERMOST", "holds_columns", "analyze", "synthesize", "copy_degrees",
+           "degrees_are_triangular"]
 
 METHODS = ("auto", "per-order", "batched")
 
 # the layout above as a memory order of a transform's logical (B, C, n, m) intermediates: (n, m, C, B)
 BATCH_INNERMOST = (2, 3, 1, 0)
+
+
+def holds_columns(phys):
+    """Whether ``phys``, an ``(n, m, C, B)`` view (``a.transpose(BATCH_INNERMOST)``), is held batch-innermost.
+
+    Each row's orders, components and batch must be contiguous; the rows
+    (latitudes or degrees) may be further apart (a view of a wider buffer).
+    """
+    _, m, c, b = phys.shape
+    item = phys.itemsize
+    return bool((phys.strides[3] == item or b == 1) and (phys.strides[2] == b * item or c == 1)
+                and (phys.strides[1] == c * b * item or m == 1))
 
 
 def _batched(method, like):

@@ -6,7 +6,7 @@ import numpy
 
 from .. import backend
 from ..operators import FORWARD, Abilities, InputError
-from .contraction import BATCH_INNERMOST
+from .contraction import BATCH_INNERMOST, holds_columns
 from .pipeline import LocalStage
 
 __all__ = ["VectorCoupling"]
@@ -64,13 +64,13 @@ class VectorCoupling(LocalStage):
 
     _per_rank = ("alpha", "beta", "delta", "g", "starts")  # coefficients of this rank's orders
 
-    def __init__(self, alpha, beta, delta, g, lin, dtype, layout, starts=None):
+    def __init__(self, alpha, beta, delta, g, lin, dtype, layout, starts):
         super().__init__(layout)
         self.lin = lin
         self.lout, self.count = numpy.shape(alpha)
         self.dtype = numpy.dtype(dtype)
         self.alpha, self.beta, self.delta, self.g = (numpy.asarray(c, dtype=float) for c in (alpha, beta, delta, g))
-        self.starts = numpy.zeros(self.count, numpy.int64) if starts is None else numpy.asarray(starts, numpy.int64)
+        self.starts = numpy.asarray(starts, numpy.int64)
         if self.starts.shape != (self.count,) or numpy.any(numpy.diff(self.starts) < 0):
             raise ValueError(f"VectorCoupling: starts must be {self.count} increasing degrees")
         self._device = {}
@@ -133,7 +133,7 @@ class VectorCoupling(LocalStage):
         # (L, m, 2, B) views: rows are degrees, a (row, order) holds both components of the batch
         source, target = x.transpose(BATCH_INNERMOST), out.transpose(BATCH_INNERMOST)
         # a side in another layout (the caller's C order) is copied through a block of the batch-innermost one
-        stage_in, stage_out = (not _batch_innermost(a) for a in (source, target))
+        stage_in, stage_out = (not holds_columns(a) for a in (source, target))
         n_out, count = target.shape[:2]
         cell = target.shape[2] * target.shape[3] * target.itemsize
         if device:
@@ -193,12 +193,3 @@ class VectorCoupling(LocalStage):
         shape = (rows, cols.stop - cols.start) + tuple(like.shape[2:])
         return self._workspace.scratch(name, like, math.prod(shape), like.dtype).reshape(shape)
 
-
-def _batch_innermost(a):
-    """Whether a logical ``(n, m, 2, B)`` view holds each row's orders, components and batch contiguously."""
-    step = a.itemsize
-    for size, stride in zip(a.shape[:0:-1], a.strides[:0:-1]):
-        if size > 1 and stride != step:
-            return False
-        step *= size
-    return True

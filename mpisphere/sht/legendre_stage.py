@@ -77,12 +77,7 @@ class LegendreStage(LocalStage):
         (a view of a wider buffer); the columns of an order must be contiguous.
         """
         phys = a.transpose(BATCH_INNERMOST)
-        item = phys.itemsize
-        _, m, c, b = phys.shape
-        if not ((phys.strides[3] == item or b == 1) and (phys.strides[2] == b * item or c == 1)
-                and (phys.strides[1] == c * b * item or m == 1)):
-            return None
-        return LegendreStage._real(phys)
+        return LegendreStage._real(phys) if contraction.holds_columns(phys) else None
 
     @staticmethod
     def _real(phys):

@@ -31,6 +31,7 @@ from ..operators import FORWARD, Abilities, InputError
 from .contraction import BATCH_INNERMOST
 from .legendre_stage import LegendreStage
 from .pipeline import LocalStage
+from .tables import first_degrees
 
 __all__ = ["OwnLatitudeTables", "TableFreeLegendre", "own_latitude_tables", "table_free_available"]
 
@@ -60,7 +61,7 @@ def own_latitude_tables(kind, lmax, orders, theta, norm, csphase, inverse, dtype
     """
     orders = [int(m) for m in orders]
     vector = kind == "vector"
-    starts = [max(m, 1) if vector else m for m in orders]
+    starts = first_degrees(orders, vector).tolist()
     top = lmax + 1 if vector else lmax
     tables = _RowTables(top, orders, starts, dtype)
     for first in range(0, len(orders), _CHUNK):
@@ -223,7 +224,7 @@ class TableFreeLegendre(_OwnLatitudeStage):
         self.dtype = numpy.dtype(dtype)
         real = dtypes.real_of(self.dtype)
         orders = numpy.array(self.orders, dtype=numpy.int64)
-        functions = numpy.maximum(orders, 1) if vector else orders  # the order of each column's functions
+        functions = first_degrees(orders, vector)  # the order of each column's functions (its first degree)
         if vector:  # P(l, 1) of order 0 without the phase ducc0 includes
             signs = numpy.where(orders == 0, -1.0, 1.0 if csphase else (-1.0) ** orders)
             factors = numpy.ones(lmax)
@@ -231,9 +232,8 @@ class TableFreeLegendre(_OwnLatitudeStage):
             signs = numpy.where((orders % 2 == 0) | csphase, 1.0, -1.0)
             factors = degree_factors(lmax, norm, inverse)
         self.scale = (factors[:, None] * signs[None, :]).astype(real)
-        self._given_weights = None if weights is None else numpy.asarray(weights, dtype=numpy.float64)
         self.weights = self._latitude_factors(weights, orders, vector).astype(real)
-        self._poles = self._pole_values(orders, csphase) if vector else []
+        self._poles = self._pole_values(orders, csphase, weights) if vector else []
         # ducc0 takes each order once: the vector transforms' order 0 (whose functions are order 1's) is its own call
         split = 1 if vector and len(orders) > 1 and orders[0] == 0 else 0
         self._groups = [slice(0, split), slice(split, len(orders))] if split else [slice(0, len(orders))]
@@ -256,18 +256,21 @@ class TableFreeLegendre(_OwnLatitudeStage):
     def _at_pole(self):
         return numpy.abs(numpy.sin(self.theta)) < 1e-12
 
-    def _pole_values(self, orders, csphase):
-        """``[(k, w_k, Q)]`` per pole latitude ``k`` of this rank: ``Q`` ``(L, m_loc)``, ``P / sin`` in the limit."""
-        positive = [int(m) for m in orders if m > 0]
+    def _pole_values(self, orders, csphase, weights):
+        """``[(k, w_k, j, Q)]`` per pole latitude ``k`` of this rank and column ``j`` whose limit is not zero.
+
+        ``Q`` ``(L,)``: ``P(l, m_j) / sin(theta)`` in the limit at the pole
+        (not zero for ``m = 1`` only).
+        """
+        positive = numpy.flatnonzero(orders > 0)
         poles = []
         for k in numpy.flatnonzero(self._at_pole()):
-            values = numpy.zeros((self.degrees, len(orders)))
-            if positive:
-                limit = associated_legendre(self.degrees, positive, self.theta[k:k + 1], "ortho", csphase,
-                                            divide_by_sin=True)[:, :, 0]
-                values[:, orders > 0] = limit.T
-            weight = 1.0 if self._given_weights is None else float(self._given_weights[k])
-            poles.append((int(k), weight, values.astype(dtypes.real_of(self.dtype))))
+            weight = 1.0 if weights is None else float(weights[k])
+            limits = associated_legendre(self.degrees, orders[positive].tolist(), self.theta[k:k + 1], "ortho",
+                                         csphase, divide_by_sin=True)[:, :, 0] if positive.size else []
+            for j, values in zip(positive, limits):
+                if numpy.any(values != 0):
+                    poles.append((int(k), weight, int(j), values.astype(dtypes.real_of(self.dtype))))
         return poles
 
     def _run(self, direction, x, out, context):
@@ -276,11 +279,11 @@ class TableFreeLegendre(_OwnLatitudeStage):
                              TypeError)
         for columns in self._groups:
             self._run_columns(direction, x[..., columns], out[..., columns], columns)
-        for k, weight, values in self._poles:  # the limits at the poles, which no product with 1 / sin gives
+        for k, weight, j, values in self._poles:  # the limits at the poles, which no product with 1 / sin gives
             if direction == FORWARD:
-                out += values * (weight * x[:, :, k:k + 1, :])
+                out[:, :, :, j] += (weight * x[:, :, k, j])[:, :, None] * values
             else:
-                out[:, :, k, :] += weight * numpy.sum(values * x, axis=2)
+                out[:, :, k, j] += weight * (x[:, :, :, j] @ values)
 
     def _run_columns(self, direction, x, out, columns):
         """ducc0 on the orders ``columns`` of ``x`` and ``out`` (views of those columns), field by field."""

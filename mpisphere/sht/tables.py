@@ -29,7 +29,7 @@ import numpy
 
 from ..legendre import associated_legendre
 
-__all__ = ["LegendreTables", "scalar_tables", "vector_tables"]
+__all__ = ["LegendreTables", "scalar_tables", "vector_tables", "first_degrees"]
 
 _CHUNK = 16  # orders per recurrence run: bounds the temporary full table
 
@@ -152,6 +152,16 @@ def scalar_tables(lmax, orders, theta, weights, norm, csphase, inverse, dtype):
     return tables
 
 
+def first_degrees(orders, vector):
+    """The first degree of each order's family (``start_m``), an int64 array.
+
+    ``m`` for the scalar functions; for the vector ones ``max(m, 1)``: order
+    0's family is ``P(l, 1)``, which starts at degree 1.
+    """
+    orders = numpy.asarray(orders, dtype=numpy.int64)
+    return numpy.maximum(orders, 1) if vector else orders
+
+
 def vector_tables(lmax, orders, theta, weights, csphase, dtype):
     """Tables for the vector transforms, orthonormal, for degrees ``l <= lmax`` (``L = lmax + 1``).
 
@@ -161,7 +171,7 @@ def vector_tables(lmax, orders, theta, weights, csphase, dtype):
     ``weights`` is given.
     """
     orders = list(orders)
-    starts = [m if m > 0 else 1 for m in orders]
+    starts = first_degrees(orders, vector=True).tolist()
     tables = LegendreTables(lmax + 1, orders, starts, len(theta), dtype)
     north = _north(theta)
     scale = None if weights is None else 2.0 * math.pi * weights[:len(north)]

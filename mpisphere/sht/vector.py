@@ -16,7 +16,7 @@ import numpy
 from ..legendre import degree_factors
 from .coupling import VectorCoupling
 from .own_latitudes import own_latitude_tables
-from .tables import vector_tables
+from .tables import first_degrees, vector_tables
 from .transforms import Transform
 
 __all__ = ["DistributedRealVectorSHT", "DistributedInverseRealVectorSHT"]
@@ -93,8 +93,8 @@ class _VectorTransform(Transform):
         zero_order = m[0] == 0
         alpha, beta, g = (numpy.where(zero_order, 0.0, c) for c in (alpha, beta, g))
         alpha, beta, delta, g = numpy.broadcast_arrays(alpha, beta, delta, g)
-        starts = numpy.maximum(self.local_orders, 1)  # the vector tables' first degrees (order 0 starts at 1)
-        return VectorCoupling(alpha, beta, delta, g, lin, self.cdtype, self._layout, starts)
+        return VectorCoupling(alpha, beta, delta, g, lin, self.cdtype, self._layout,
+                              first_degrees(self.local_orders, vector=True))
 
     def _degree_stages(self):
         return [self._coupling]
