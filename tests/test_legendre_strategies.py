@@ -156,6 +156,15 @@ def test_ranks_that_resolve_auto_differently_raise_on_every_rank(grid):
         sht.forward(numpy.zeros(sht.domain_shape((2,))))
 
 
+def test_ranks_that_differ_in_overlap_raise_on_every_rank(grid):
+    """``overlap`` decides the order of the exchanges: it is part of what a call agrees on."""
+    if grid.size == 1:
+        pytest.skip("one rank has no other to differ from")
+    sht = DistributedRealSHT(grid, 17, 32, overlap=grid.rank == 0)
+    with pytest.raises(ValueError, match="overlap=(True|False)"):
+        sht.forward(numpy.zeros(sht.domain_shape((2 * grid.size,))))
+
+
 def test_strategies_give_the_same_shallow_water_step(grid):
     """A model built on reduce-scatter transforms steps like the default one (to rounding)."""
     from mpisphere.examples import ShallowWaterSolver
