@@ -209,8 +209,8 @@ class TableFreeLegendre(_OwnLatitudeStage):
     ``1 / sin(theta)`` joins the latitude weights, and order 0 asks ducc0 for
     order 1. At a pole ``P(l, m) / sin(theta)`` is a limit (not zero for
     ``m = 1``) that no product gives: those latitudes take their values from
-    :func:`~mpisphere.legendre.associated_legendre` (``(L, m_loc)`` per pole,
-    the only numbers kept).
+    :func:`~mpisphere.legendre.associated_legendre` (``L`` numbers per pole for
+    order 1, the only order whose limit is not zero: the only values kept).
     """
 
     _per_rank = ("orders", "theta", "weights")  # this rank's orders and latitudes
