@@ -16,7 +16,7 @@ Descriptions
     named in the class attribute ``_per_rank`` and described by their kind
     and number of axes only.
 
-Three strategies
+Four strategies
     * :func:`agree`, over a communicator, before every call of an operator
       that communicates on it: one ``Allreduce`` (MAX) of six integers (an
       error flag, two digests and their negations, the CUDA-aware flag);
@@ -32,6 +32,8 @@ Three strategies
       decide who talks to whom (a halo's widths and poles, the points of an
       interpolation, a model's time step) is built: collective over the
       object's communicator.
+    * :func:`settle`, after a step whose outcome may differ between ranks
+      (a file written or read): one ``Allreduce`` of an error flag, always.
 
 Threads
     :class:`CallGuard` is the one lock of a grid. A call that finds the
@@ -47,7 +49,7 @@ communicator), :mod:`.neighbours` (with the neighbours), :mod:`.guard`
 (threads).
 """
 
-from .collective import agree, agree_construction, as_exception, differences, raise_everywhere
+from .collective import agree, agree_construction, as_exception, differences, raise_everywhere, settle
 from .description import Described, call_description, describe_value, description_of, digest
 from .guard import REFUSED, CallGuard
 from .neighbours import HEADER_BYTES, NeighbourRound, message_buffer
@@ -65,6 +67,7 @@ __all__ = [
     "agree",
     "agree_construction",
     "raise_everywhere",
+    "settle",
     "NeighbourRound",
     "message_buffer",
     "HEADER_BYTES",

@@ -35,7 +35,9 @@ def _ranks(ranks):
     return "ranks " + ", ".join(map(str, ranks[:8])) + (", ..." if len(ranks) > 8 else "")
 
 
-_KINDS = {"TypeError": TypeError, "RuntimeError": RuntimeError, "MemoryError": MemoryError}
+_KINDS = {"TypeError": TypeError, "RuntimeError": RuntimeError, "MemoryError": MemoryError, "OSError": OSError,
+          "FileNotFoundError": FileNotFoundError, "FileExistsError": FileExistsError,
+          "PermissionError": PermissionError, "ImportError": ImportError}
 
 
 def as_exception(who, errors):
@@ -43,8 +45,8 @@ def as_exception(who, errors):
 
     Ranks with the same finding are named together (``ranks 0-5 of 6: ...``);
     the first four different findings are quoted. The class is the findings'
-    own when they share one (TypeError, RuntimeError, MemoryError), else
-    ValueError.
+    own when they share one (TypeError, RuntimeError, MemoryError, OSError
+    and its file errors, ImportError), else ValueError.
     """
     kinds = {kind for _, _, kind, _ in errors}
     cls = _KINDS.get(next(iter(kinds)), ValueError) if len(kinds) == 1 else ValueError
@@ -167,6 +169,47 @@ def _groups_disagree(comm, parts):
     flag = numpy.array([bad], dtype=numpy.int64)
     collectives.allreduce_max_ints(comm, flag)
     return bool(flag[0])
+
+
+def settle(comm, who, error, description=""):
+    """Collective over ``comm``: raise every rank's finding on every rank, or return when there is none.
+
+    The agreement of a step that must hold whatever
+    ``mpisphere.config.agreement`` says (a file written or read, a store
+    checked): one ``Allreduce`` of an error flag and a digest of
+    ``description``; the findings and descriptions are exchanged only when
+    some rank has a finding or the descriptions differ.
+
+    Parameters
+    ----------
+    error : InputError or None
+        This rank's finding.
+    description : str
+        What this rank is about to do, the same text on every rank that does
+        the same thing.
+
+    Raises
+    ------
+    The findings' own class, or ValueError when the descriptions differ
+        On every rank.
+    """
+    size = comm.Get_size()
+    if size == 1:
+        if error is not None:
+            raise as_exception(who, [(0, 1, error.kind.__name__, error.text)])
+        return
+    code = digest(description)
+    flags = numpy.array([0 if error is None else 1, code, -code], dtype=numpy.int64)
+    collectives.allreduce_max_ints(comm, flags)
+    if flags[0] == 0 and flags[1] == -flags[2]:
+        return
+    everyone = collectives.allgather_object(comm, (None if error is None else (error.kind.__name__, error.text),
+                                                   description))
+    errors = [(r, size, e[0], e[1]) for r, (e, _) in enumerate(everyone) if e is not None]
+    if errors:
+        raise as_exception(who, errors)
+    raise ValueError(f"{who}: the {size} ranks disagree on what they are about to do: "
+                     f"{differences([d for _, d in everyone])}")
 
 
 def raise_everywhere(comm, who, error):

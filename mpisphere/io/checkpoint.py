@@ -1,0 +1,164 @@
+"""Checkpoints that survive a crash while they are written: a new version per save, then an atomic switch.
+
+A checkpoint is a directory::
+
+    path/
+        CURRENT          the name of the last complete version (replaced atomically)
+        v000007.zarr/    a FieldStore: the variables and the state's attributes
+        v000008.zarr/
+
+:func:`checkpoint` opens a new version, the caller writes into it, and when
+the ``with`` block ends on every rank without an error the version is
+marked complete and ``CURRENT`` is switched to it (written to a temporary
+file, synced, renamed over the old one). A crash at any moment before the
+rename leaves ``CURRENT`` naming the previous version, which is untouched;
+the unfinished version is removed by the next save. The oldest versions
+beyond ``keep`` are removed after a switch.
+"""
+
+import os
+import re
+import shutil
+
+from .. import collectives
+from ..agreement import InputError, settle
+from ..validation import check_int
+from . import zarr_files
+from .store import FieldStore
+
+__all__ = ["checkpoint", "open_checkpoint", "Checkpoint"]
+
+_VERSION = re.compile(r"^v(\d{6,})\.zarr$")
+
+
+def _versions(path):
+    found = []
+    for entry in os.listdir(path) if os.path.isdir(path) else ():
+        match = _VERSION.match(entry)
+        if match:
+            found.append((int(match.group(1)), entry))
+    return sorted(found)
+
+
+def _current(path):
+    """The name of the current version, from ``path/CURRENT``; FileNotFoundError without one."""
+    pointer = os.path.join(path, "CURRENT")
+    if not os.path.isfile(pointer):
+        raise FileNotFoundError(f"no checkpoint at {path!r} (no {pointer!r})")
+    with open(pointer) as f:
+        name = f.read().strip()
+    if not _VERSION.match(name):
+        raise ValueError(f"{pointer!r} is damaged: it holds {name[:40]!r}, not a version name")
+    return name
+
+
+class Checkpoint:
+    """A checkpoint being written: use :func:`checkpoint`, which returns one.
+
+    ``with checkpoint(path, grid) as store:`` gives the new version's
+    :class:`FieldStore` (mode ``"w"``); ``store.set_attrs`` records the
+    scalars of a state. Collective over ``grid.cart``.
+    """
+
+    def __init__(self, path, grid, keep=2):
+        self.path = os.fspath(path)
+        self.grid = grid
+        self.keep = check_int(keep, "keep", "checkpoint", minimum=1)
+        self.version = None
+        self.store = None
+
+    def __enter__(self):
+        who = f"checkpoint({self.path!r})"
+        name, error = None, None
+        if self.grid.rank == 0:
+            try:
+                os.makedirs(self.path, exist_ok=True)
+                versions = _versions(self.path)
+                name = f"v{(versions[-1][0] + 1) if versions else 1:06d}.zarr"
+            except OSError as exc:
+                error = InputError(f"cannot create {self.path!r}: {exc}", OSError)
+        settle(self.grid.cart, who, error)
+        self.version = collectives.bcast_object(self.grid.cart, name)
+        self.store = FieldStore(os.path.join(self.path, self.version), self.grid, mode="w")
+        return self.store
+
+    def __exit__(self, kind, exc, tb):
+        who = f"checkpoint({self.path!r})"
+        # a failure on one rank inside the block: no rank switches, every rank raises
+        failed = None if exc is None else InputError(
+            f"the checkpoint was not completed: {type(exc).__name__}: {exc}", RuntimeError)
+        try:
+            settle(self.grid.cart, who, failed)
+        except Exception:
+            if exc is not None:
+                return False  # this rank's own exception goes on
+            raise
+        error = None
+        if self.grid.rank == 0:
+            try:
+                self._switch()
+            except Exception as err:  # noqa: BLE001
+                error = InputError(f"cannot switch {self.path!r} to {self.version}: {type(err).__name__}: {err}",
+                                   OSError)
+        settle(self.grid.cart, who, error)
+        return False
+
+    def _switch(self):
+        """Rank 0: mark the version complete, point ``CURRENT`` at it, remove old and unfinished versions."""
+        group = zarr_files.open_group(os.path.join(self.path, self.version), "r+")
+        group.attrs["mpisphere_checkpoint"] = {"complete": True, "version": self.version}
+        zarr_files.consolidate(os.path.join(self.path, self.version))
+        zarr_files.write_text_atomically(os.path.join(self.path, "CURRENT"), self.version + "\n")
+        versions = _versions(self.path)
+        number = int(_VERSION.match(self.version).group(1))
+        kept = [v for v in versions if v[0] <= number][-self.keep:]
+        for v in versions:
+            if v not in kept:
+                shutil.rmtree(os.path.join(self.path, v[1]), ignore_errors=True)
+
+
+def checkpoint(path, grid, keep=2):
+    """Write a new checkpoint version at ``path``: ``with checkpoint(path, grid) as store: ...``. Collective.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The checkpoint's directory (created when missing), seen by every
+        rank.
+    grid : ProcessGrid
+    keep : int
+        Complete versions to keep (the newest); 2 by default, so that a
+        damaged newest version leaves one to go back to by hand.
+
+    Returns
+    -------
+    Checkpoint
+        A context manager; ``as`` gives a :class:`FieldStore` on the new
+        version. The version becomes the current one when the block ends
+        without an error on any rank; otherwise every rank raises and the
+        previous version stays current.
+    """
+    return Checkpoint(path, grid, keep)
+
+
+def open_checkpoint(path, grid):
+    """The current version of the checkpoint at ``path`` as a read-only :class:`FieldStore`. Collective.
+
+    Raises on every rank when there is no checkpoint, when ``CURRENT`` is
+    damaged, or when the version it names is not marked complete.
+    """
+    path = os.fspath(path)
+    who = f"open_checkpoint({path!r})"
+    name, error = None, None
+    if grid.rank == 0:
+        try:
+            name = _current(path)
+        except (OSError, ValueError) as exc:
+            error = InputError(str(exc), type(exc) if isinstance(exc, OSError) else ValueError)
+    settle(grid.cart, who, error)
+    name = collectives.bcast_object(grid.cart, name)
+    store = FieldStore(os.path.join(path, name), grid, mode="r")
+    marker = store.attrs().get("mpisphere_checkpoint", {})
+    if not marker.get("complete"):
+        raise ValueError(f"{who}: {name} is not marked complete (ranks 0-{grid.size - 1} of {grid.size})")
+    return store
