@@ -1,8 +1,11 @@
 """Models built only from mpisphere's public API, as torch-harmonics' examples are built from its own.
 
-:class:`ShallowWaterSolver`: a distributed spectral shallow-water model.
+:class:`ShallowWaterSolver`: a distributed spectral shallow-water model;
+:class:`AdamsBashforthHistory`: its time scheme's memory, for runs split
+into calls and restarts from checkpoints.
 """
 
 from .shallow_water import ShallowWaterSolver
+from .time_stepping import AdamsBashforthHistory
 
-__all__ = ["ShallowWaterSolver"]
+__all__ = ["ShallowWaterSolver", "AdamsBashforthHistory"]

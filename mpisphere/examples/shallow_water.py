@@ -34,6 +34,7 @@ import math
 import numpy
 
 from ..agreement import Described, agree_construction
+from ..io import checkpoint, open_checkpoint
 from ..primitives import GatherFrom, ReduceFrom
 from ..sht import calculus
 from . import time_stepping
@@ -210,13 +211,25 @@ class ShallowWaterSolver(Described):
         dudtspec[2] = tmpspec[0, 0] - self.laplacian.forward(energy)
         return dudtspec, numpy.stack([ugrid[0], absvort, uvgrid[0], uvgrid[1]])
 
-    def timestep(self, uspec, nsteps):
+    def timestep(self, uspec, nsteps, history=None):
         """Integrate ``nsteps`` steps: Adams-Bashforth 3 (started as torch-harmonics starts it), hyperdiffusion.
 
         See :mod:`~mpisphere.examples.time_stepping` for the weights of each
         step; the hyperdiffusion is implicit, on vorticity and divergence.
+
+        Parameters
+        ----------
+        uspec : ndarray, shape ``(3, l_loc, m_loc)``
+        nsteps : int
+        history : AdamsBashforthHistory, optional
+            Continue the scheme where an earlier call stopped (updated in
+            place; start with ``AdamsBashforthHistory()``): calls sharing one
+            history take the steps of one long call, bit for bit, and
+            :meth:`save` keeps it for a restart. Without one, every call
+            starts the scheme afresh with a forward-Euler step, as
+            torch-harmonics' ``timestep`` does.
         """
-        return self._integrate(uspec, nsteps, None)
+        return self._integrate(uspec, nsteps, None, history)
 
     def diffuse(self, uspec):
         """The implicit hyperdiffusion of one step on vorticity and divergence, in place; returns ``uspec``.
@@ -227,13 +240,77 @@ class ShallowWaterSolver(Described):
         uspec[..., 1:, :, :] = self.hyperdiffusion.forward(uspec[..., 1:, :, :])
         return uspec
 
-    def _integrate(self, uspec, nsteps, trajectory):
+    def _integrate(self, uspec, nsteps, trajectory, history=None):
         def tendency(n, state):
             dudt, fields = self._tendency(state)
             if trajectory is not None:
                 trajectory.append(fields)
             return dudt
-        return time_stepping.integrate(uspec, nsteps, self.dt, tendency, self.diffuse)
+        return time_stepping.integrate(uspec, nsteps, self.dt, tendency, self.diffuse, history)
+
+    # --- checkpoints -------------------------------------------------------------------------------
+
+    def parameters(self):
+        """What a continuation must share with this model: the grid, truncation, time step and constants (a dict)."""
+        return {"nlat": int(self.nlat), "nlon": int(self.nlon), "lmax": int(self.lmax), "mmax": int(self.mmax),
+                "quadrature": self.sht.quadrature, "dt": self.dt, "radius": self.radius, "omega": self.omega,
+                "gravity": self.gravity, "havg": self.havg, "hamp": self.hamp}
+
+    def save(self, path, uspec, history=None, *, keep=2):
+        """Write a checkpoint: the state, the scheme's history, the step, the time and the parameters. Collective.
+
+        Every rank writes its own blocks (:mod:`mpisphere.io`; needs the
+        ``io`` extra). The checkpoint is a new version at ``path``, made
+        current only once every rank has written it: a crash while saving
+        leaves the previous one current and intact.
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+            The checkpoint directory (every rank sees it).
+        uspec : ndarray, shape ``(3, l_loc, m_loc)``
+            This rank's block of the state.
+        history : AdamsBashforthHistory, optional
+            The run's history (see :meth:`timestep`); without one the
+            checkpoint restarts the scheme afresh, like a new run.
+        keep : int
+            Versions kept at ``path``.
+        """
+        history = time_stepping.AdamsBashforthHistory() if history is None else history
+        steps = sorted(history.tendencies, reverse=True)
+        fields = ["geopotential (m^2/s^2)", "vorticity (1/s)", "divergence (1/s)"]
+        with checkpoint(path, self.grid, keep=keep) as store:
+            store.write_coefficients("state", uspec, self.sht, dims=("field",), attrs={"fields": fields})
+            for i, n in enumerate(steps):
+                store.write_coefficients(f"tendency_{i + 1}", history.tendencies[n], self.sht, dims=("field",),
+                                         attrs={"step": n, "fields": fields})
+            store.set_attrs({"model": "mpisphere.examples.ShallowWaterSolver", "parameters": self.parameters(),
+                             "step": history.step, "time_seconds": history.step * self.dt,
+                             "tendency_steps": steps})
+
+    def load(self, path):
+        """Read the current checkpoint at ``path`` onto this model's grid: ``(uspec, history)``. Collective.
+
+        The grid of ranks may differ from the writer's (any shape, any
+        number of ranks, either order layout); the model's parameters
+        (:meth:`parameters`) may not: a checkpoint of another grid,
+        truncation, time step or planet raises on every rank. On the
+        writer's grid the continuation is bit-identical to the run that was
+        not interrupted; on another grid it equals it up to rounding.
+        """
+        store = open_checkpoint(path, self.grid)
+        attrs = store.attrs()
+        saved = attrs.get("parameters", {})
+        if attrs.get("model") != "mpisphere.examples.ShallowWaterSolver" or saved != self.parameters():
+            differ = ", ".join(f"{k} {saved.get(k)!r} in the checkpoint, {v!r} here"
+                               for k, v in self.parameters().items() if saved.get(k) != v)
+            raise ValueError(f"ShallowWaterSolver.load({path!r}): the checkpoint does not fit this model (ranks "
+                             f"0-{self.grid.size - 1} of {self.grid.size}): "
+                             f"{differ or 'it was not written by ShallowWaterSolver.save'}")
+        uspec = store.read_coefficients("state", self.sht)
+        tendencies = {int(n): store.read_coefficients(f"tendency_{i + 1}", self.sht)
+                      for i, n in enumerate(attrs["tendency_steps"])}
+        return uspec, time_stepping.AdamsBashforthHistory(attrs["step"], tendencies)
 
     def linearize(self, uspec, nsteps):
         """The tangent-linear model along ``timestep(uspec, nsteps)``, with its adjoint: a LinearOperator.

@@ -14,7 +14,32 @@ same recurrence transposed: backwards in time, applying each step's
 ``F_k du_k`` send back.
 """
 
-__all__ = ["adams_bashforth", "integrate", "integrate_adjoint"]
+__all__ = ["AdamsBashforthHistory", "adams_bashforth", "integrate", "integrate_adjoint"]
+
+
+class AdamsBashforthHistory:
+    """What the scheme remembers between calls: the steps taken and the latest two tendencies.
+
+    Pass one to :func:`integrate` (or ``ShallowWaterSolver.timestep``) to
+    continue a run where the previous call stopped: the calls then take
+    the same steps, bit for bit, as one call of their total length. A
+    checkpoint stores it (``ShallowWaterSolver.save``).
+
+    Attributes
+    ----------
+    step : int
+        Steps taken so far (the next step's number).
+    tendencies : dict
+        ``{step: tendency}`` of the latest two steps (fewer at the start):
+        this rank's blocks, like the state.
+    """
+
+    def __init__(self, step=0, tendencies=None):
+        self.step = int(step)
+        self.tendencies = dict(tendencies or {})
+
+    def __repr__(self):
+        return f"AdamsBashforthHistory(step={self.step}, tendencies of steps {sorted(self.tendencies)})"
 
 
 def adams_bashforth(step):
@@ -33,7 +58,7 @@ def adams_bashforth(step):
     return [(0, 23.0 / 12.0), (1, -16.0 / 12.0), (2, 5.0 / 12.0)]
 
 
-def integrate(state, nsteps, dt, tendency, diffuse):
+def integrate(state, nsteps, dt, tendency, diffuse, history=None):
     """``nsteps`` steps of the scheme from ``state``; returns the final state.
 
     Parameters
@@ -48,13 +73,20 @@ def integrate(state, nsteps, dt, tendency, diffuse):
     diffuse : callable
         ``diffuse(u)``: ``D u``, in place on ``u`` (an array of this
         function's own), returning it.
+    history : AdamsBashforthHistory, optional
+        Continue from it (updated in place); without one the scheme starts
+        afresh at step 0.
     """
-    tendencies = {}
-    for n in range(nsteps):
+    first = 0 if history is None else history.step
+    tendencies = {} if history is None else dict(history.tendencies)
+    for n in range(first, first + nsteps):
         tendencies[n] = tendency(n, state)
         increment = sum(weight * tendencies[n - lag] for lag, weight in adams_bashforth(n))
         state = diffuse(state + dt * increment)
         tendencies.pop(n - 2, None)
+    if history is not None:
+        history.step = first + nsteps
+        history.tendencies = tendencies
     return state
 
 
