@@ -1,8 +1,11 @@
 """Small helpers shared by the tests (no fixtures here; see conftest.py)."""
 
 import numpy
+from mpi4py import MPI
 
+from mpisphere import ProcessGrid
 from mpisphere.partition import chunk_slice
+from mpisphere.testing import grid_shapes
 
 FLOAT_TOL = {
     numpy.dtype(numpy.float64): 1e-13,
@@ -56,3 +59,22 @@ def tile(f, grid):
 def block(c, grid, lmax, mmax):
     """This rank's block of the whole coefficients ``c`` (..., lmax, mmax) in the contiguous order layout."""
     return c[..., chunk_slice(lmax, grid.npolar, grid.polar_rank), chunk_slice(mmax, grid.nazimuth, grid.azimuth_rank)]
+
+
+def sub_grids(comm):
+    """Grids of every shape on the first ``k`` ranks of ``comm``, ``k = 1 .. comm.size``; ``None`` elsewhere.
+
+    Collective over ``comm``: every rank iterates the same sequence (a grid
+    on the ranks in it, ``None`` on the ranks left out), so a loop over it
+    reads a store written on ``comm`` back on every smaller grid too.
+    """
+    for k in range(1, comm.size + 1):
+        sub = comm.Split(0 if comm.rank < k else MPI.UNDEFINED)
+        for shape in grid_shapes(k) + ([(1, k)] if k > 1 and (1, k) not in grid_shapes(k) else []):
+            if sub == MPI.COMM_NULL:
+                yield None
+            else:
+                with ProcessGrid(sub, *shape) as grid:
+                    yield grid
+        if sub != MPI.COMM_NULL:
+            sub.Free()

@@ -40,6 +40,15 @@ def _versions(path):
     return sorted(found)
 
 
+def _complete(version_path):
+    """Whether a version was marked complete (an unfinished one, left by a crash, is not)."""
+    try:
+        group = zarr_files.open_group(version_path, "r")
+        return bool(group.attrs.get("mpisphere_checkpoint", {}).get("complete"))
+    except Exception:  # noqa: BLE001 -- a version that cannot be opened is not complete
+        return False
+
+
 def _current(path):
     """The name of the current version, from ``path/CURRENT``; FileNotFoundError without one."""
     pointer = os.path.join(path, "CURRENT")
@@ -111,7 +120,7 @@ class Checkpoint:
         zarr_files.write_text_atomically(os.path.join(self.path, "CURRENT"), self.version + "\n")
         versions = _versions(self.path)
         number = int(_VERSION.match(self.version).group(1))
-        kept = [v for v in versions if v[0] <= number][-self.keep:]
+        kept = [v for v in versions if v[0] <= number and _complete(os.path.join(self.path, v[1]))][-self.keep:]
         for v in versions:
             if v not in kept:
                 shutil.rmtree(os.path.join(self.path, v[1]), ignore_errors=True)
