@@ -3,6 +3,8 @@
     mpiexec -n 4 python -m mpi4py scripts/demo.py            # Galewsky's unstable jet on a 2 x 2 grid of ranks
     mpiexec -n 4 python -m mpi4py scripts/demo.py --check    # also: SHT round trip, analytic coefficients, dot tests
     mpiexec -n 4 python -m mpi4py scripts/demo.py --device gpu
+    mpiexec -n 4 python -m mpi4py scripts/demo.py --days 3 --restart galewsky-checkpoint   # days 7-9
+
 
 The main job is Galewsky et al. (2004)'s barotropically unstable mid-latitude
 jet, run with mpisphere's distributed shallow-water model (the equations and
@@ -15,6 +17,14 @@ mass, total energy, largest relative vorticity, all reduced over the grid)
 and at the end writes a picture of the vorticity, ``galewsky_vorticity.png``
 in the current folder (matplotlib is optional: ``pip install
 'mpisphere[plot]'``; without it the run completes and says so).
+
+With the ``io`` extra (Zarr; ``pip install '.[io]'``), every rank writes
+its own part of the vorticity once a model day to ``galewsky.zarr`` (a
+Zarr store that ``xarray.open_zarr`` opens on a laptop) and of the model
+state, with the time scheme's history, to the checkpoint
+``galewsky-checkpoint`` at the end; ``--restart PATH`` continues a run from
+a checkpoint (on any number of ranks) exactly where it stopped, appending
+to the same output.
 
 ``--check`` first runs the transform checks of a 361 x 720 (0.5 degree) field:
 the round-trip error, the error of the coefficients against analytic
@@ -31,7 +41,7 @@ from mpi4py import MPI
 
 import mpisphere
 from mpisphere import DistributedInverseRealSHT, DistributedRealSHT, ProcessGrid, dottest
-from mpisphere.examples import ShallowWaterSolver
+from mpisphere.examples import AdamsBashforthHistory, ShallowWaterSolver
 from mpisphere.partition import chunk_slice
 from mpisphere.quadrature import latitudes
 
@@ -173,27 +183,62 @@ def plot_vorticity(vorticity, lats, lons, day, path):
     return True
 
 
+def zarr_missing():
+    """Why the run writes no output: None when Zarr is installed."""
+    try:
+        import zarr  # noqa: F401 -- only whether it is there
+    except ImportError:
+        return "Zarr is not installed: pip install 'mpisphere[io]' (or '.[io]' in a clone; Python 3.11 or newer)"
+    return None
+
+
 def run_galewsky(grid, args):
     swe = ShallowWaterSolver(grid, args.nlat, args.nlon, dt=args.dt, quadrature="legendre-gauss")
-    uspec = swe.galewsky_initial_condition()
     steps_per_day = int(round(86400.0 / args.dt))
+    io_missing = zarr_missing() if (args.output or args.checkpoint or args.restart) else None
+    if args.restart and io_missing:
+        raise SystemExit(f"--restart needs mpisphere.io: {io_missing}")
+    if args.restart:
+        uspec, history = swe.load(args.restart)
+    else:
+        uspec, history = swe.galewsky_initial_condition(), AdamsBashforthHistory()
+    first_day = history.step / steps_per_day
+    output = None
+    if args.output and not io_missing:
+        from mpisphere.io import FieldStore
+        output = FieldStore(args.output, grid, mode="a" if args.restart else "w")
     first = swe.diagnostics(uspec)
     if grid.rank == 0:
         print(f"mpisphere {mpisphere.__version__}: shallow-water model, Galewsky's unstable jet")
         print(f"  grid            {grid.npolar} x {grid.nazimuth} ranks, {args.nlat} x {args.nlon} Gauss grid, "
               f"lmax = mmax = {swe.lmax}, dt = {args.dt:g} s ({steps_per_day} steps a day)")
+        if args.restart:
+            print(f"  restarted       from {args.restart} at day {first_day:g} (step {history.step})")
         print(f"  {'day':>5} {'mass (m^3)':>16} {'energy':>16} {'max |vorticity|':>16} {'wall':>8}")
-        print(f"  {0:5.1f} {first['mass']:16.9e} {first['energy']:16.9e} {first['max_vorticity']:16.6e} {0:7.1f}s")
+        print(f"  {first_day:5.1f} {first['mass']:16.9e} {first['energy']:16.9e} {first['max_vorticity']:16.6e} "
+              f"{0:7.1f}s")
+
+    def write_vorticity(day):
+        if output is not None:
+            output.write_tiles("vorticity", swe.spec2grid(uspec[1])[None], args.nlat, args.nlon, "legendre-gauss",
+                               dims=("time",), coords={"time": ([day], {"long_name": "model time in days"})},
+                               attrs={"units": "s-1", "long_name": "relative vorticity"}, append=day > 0)
+
+    if not args.restart:
+        write_vorticity(0.0)
     start = time.perf_counter()
     for day in range(1, args.days + 1):
-        uspec = swe.timestep(uspec, steps_per_day)
+        uspec = swe.timestep(uspec, steps_per_day, history)
         d = swe.diagnostics(uspec)
         wall = grid.cart.allreduce(time.perf_counter() - start, op=MPI.MAX)
         if not all(math.isfinite(v) for v in d.values()):
             raise FloatingPointError(f"the run blew up on day {day}: {d} (time step {args.dt} s too long?)")
+        write_vorticity(first_day + day)
         if grid.rank == 0:
-            print(f"  {day:5.1f} {d['mass']:16.9e} {d['energy']:16.9e} {d['max_vorticity']:16.6e} {wall:7.1f}s",
-                  flush=True)
+            print(f"  {first_day + day:5.1f} {d['mass']:16.9e} {d['energy']:16.9e} {d['max_vorticity']:16.6e} "
+                  f"{wall:7.1f}s", flush=True)
+    if args.checkpoint and not io_missing:
+        swe.save(args.checkpoint, uspec, history)
     vorticity = grid.gather(swe.spec2grid(uspec[1]))
     lats = grid.gather(numpy.broadcast_to(swe.lats[:, None], swe.sht.tile_shape).copy())
     lons = grid.gather(numpy.broadcast_to(swe.lons[None, :], swe.sht.tile_shape).copy())
@@ -202,9 +247,17 @@ def run_galewsky(grid, args):
         drift_energy = d["energy"] / first["energy"] - 1
         print(f"  after {args.days} days: mass changed by {drift_mass:.1e}, energy by {drift_energy:.1e} "
               f"(relative); {steps_per_day * args.days / (time.perf_counter() - start):.0f} steps a second")
+        if io_missing:
+            print(f"  output          none: {io_missing}")
+        else:
+            if output is not None:
+                print(f"  output          {args.output} (vorticity once a model day; xarray.open_zarr opens it)")
+            if args.checkpoint:
+                print(f"  checkpoint      {args.checkpoint} (day {history.step / steps_per_day:g}; continue with "
+                      f"--restart {args.checkpoint})")
         if not args.png:
             pass
-        elif plot_vorticity(vorticity, lats[:, 0], lons[0], args.days, args.png):
+        elif plot_vorticity(vorticity, lats[:, 0], lons[0], history.step / steps_per_day, args.png):
             print(f"  picture         {args.png}")
         else:
             print("  picture         matplotlib is not installed: pip install 'mpisphere[plot]' (or '.[plot]' in "
@@ -219,6 +272,12 @@ def main(argv=None):
     parser.add_argument("--dt", type=float, default=200.0, help="time step, seconds (default 200)")
     parser.add_argument("--days", type=int, default=6)
     parser.add_argument("--png", default="galewsky_vorticity.png", help="picture to write ('' for none)")
+    parser.add_argument("--output", default="galewsky.zarr",
+                        help="Zarr store of the vorticity once a model day ('' for none; needs the io extra)")
+    parser.add_argument("--checkpoint", default="galewsky-checkpoint",
+                        help="checkpoint written at the end ('' for none; needs the io extra)")
+    parser.add_argument("--restart", default=None, metavar="PATH",
+                        help="continue from this checkpoint (--days more days), appending to --output")
     parser.add_argument("--check", action="store_true", help="run the transform checks first")
     parser.add_argument("--check-nlat", type=int, default=361)
     parser.add_argument("--check-nlon", type=int, default=720)

@@ -36,6 +36,26 @@ def test_demo_runs_the_model_and_the_checks(tmp_path):
     assert "round trip" in out and "dot tests" in out
 
 
+def test_demo_writes_its_output_and_restarts_from_its_checkpoint(tmp_path):
+    """Two days in one run against one day, a checkpoint and a restart on another number of ranks."""
+    xarray = pytest.importorskip("xarray")  # the test extra (Python 3.11 and newer)
+    small = ["--nlat", "32", "--nlon", "64", "--dt", "400", "--days", "1", "--png", ""]
+    (tmp_path / "split").mkdir()
+    (tmp_path / "whole").mkdir()
+    out = launch(2, "demo.py", *small, cwd=tmp_path / "split")
+    assert "checkpoint      galewsky-checkpoint (day 1;" in out, out
+    out = launch(3, "demo.py", *small, "--restart", "galewsky-checkpoint", cwd=tmp_path / "split")
+    assert "restarted       from galewsky-checkpoint at day 1 (step 216)" in out, out
+    launch(2, "demo.py", *small[:-4], "--days", "2", "--png", "", cwd=tmp_path / "whole")
+    split = xarray.open_zarr(tmp_path / "split" / "galewsky.zarr")["vorticity"]
+    whole = xarray.open_zarr(tmp_path / "whole" / "galewsky.zarr")["vorticity"]
+    assert list(split["time"].values) == list(whole["time"].values) == [0.0, 1.0, 2.0]
+    assert split.attrs["units"] == "s-1" and split["lat"].attrs["units"] == "degrees_north"
+    # another grid after the restart: equal up to rounding
+    scale = float(abs(whole).max())
+    assert float(abs(split - whole).max()) <= 1e-10 * scale
+
+
 @pytest.mark.parametrize("method", ["lbfgs", "incremental"])
 def test_fourdvar_lowers_the_error(tmp_path, method):
     if method == "incremental":
