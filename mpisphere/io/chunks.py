@@ -16,6 +16,8 @@ pieces between parts and owners is one all-to-all: every rank cuts its
 part into one piece per chunk it meets, in the owners' chunk order
 (:meth:`ChunkPlan.pack_parts`), and every owner assembles its chunks from
 the pieces of each rank in rank order (:meth:`ChunkPlan.unpack_regions`);
+the pieces a rank keeps for its own chunks skip the exchange
+(:meth:`ChunkPlan.copy_own`);
 reading runs the same steps backwards. Both sides compute every offset from
 the parts and the chunking alone, so no counts travel.
 """
@@ -189,30 +191,39 @@ class ChunkPlan:
                 yield b, band, cut
 
     def counts_to_owners(self, rank):
-        """Elements rank ``rank`` sends to each owner (and receives from each, reading)."""
+        """Elements rank ``rank`` sends to each owner (and receives from each, reading); 0 to itself."""
         width = len(self.parts.cols[rank])
-        return [sum(cut[2] for _, _, cut in self._pieces(o, rank)) * width for o in range(self.parts.size)]
+        return [0 if o == rank else sum(cut[2] for _, _, cut in self._pieces(o, rank)) * width
+                for o in range(self.parts.size)]
 
     def counts_from_parts(self, rank):
-        """Elements owner ``rank`` receives from each rank's part (and sends to each, reading)."""
-        return [sum(cut[2] for _, _, cut in self._pieces(rank, r)) * len(self.parts.cols[r])
+        """Elements owner ``rank`` receives from each rank's part (and sends to each, reading); 0 from itself."""
+        return [0 if r == rank else sum(cut[2] for _, _, cut in self._pieces(rank, r)) * len(self.parts.cols[r])
                 for r in range(self.parts.size)]
 
     def pack_parts(self, rank, part, buffer):
-        """Cut ``part`` (``(lead_size, rows, cols)``, rank ``rank``'s) into ``buffer`` in the owners' order."""
+        """Cut ``part`` (``(lead_size, rows, cols)``, rank ``rank``'s) into ``buffer`` in the owners' order.
+
+        The pieces of ``rank``'s own chunks are not packed: :meth:`copy_own`
+        moves them without the exchange.
+        """
         width = part.shape[-1]
         at = 0
         for o in range(self.parts.size):
+            if o == rank:
+                continue
             for b, _, (local, _, n) in self._pieces(o, rank):
                 buffer[at:at + n * width].reshape(n, width)[...] = part[b, local]
                 at += n * width
         return at
 
     def unpack_parts(self, rank, buffer, part):
-        """The reverse of :meth:`pack_parts`: fill ``part`` from ``buffer``."""
+        """The reverse of :meth:`pack_parts`: fill ``part`` from ``buffer`` (all but the own pieces)."""
         width = part.shape[-1]
         at = 0
         for o in range(self.parts.size):
+            if o == rank:
+                continue
             for b, _, (local, _, n) in self._pieces(o, rank):
                 part[b, local] = buffer[at:at + n * width].reshape(n, width)
                 at += n * width
@@ -226,22 +237,38 @@ class ChunkPlan:
                 where[b * self.bands + band] = (i, (band - first) * self.rows)
         return where
 
-    def _region_moves(self, rank):
-        """Every piece of ``rank``'s regions: ``(region, chunk rows (slice or array), cols, n, width)``."""
+    def _region_moves(self, rank, sources=None):
+        """The pieces of ``rank``'s regions from ``sources`` (default: every other rank), in order.
+
+        Yields ``(region, chunk rows (slice or array), cols, n, width, b, local rows)``.
+        """
         where = self._region_of(rank)
-        for r in range(self.parts.size):
+        for r in (r for r in range(self.parts.size) if r != rank) if sources is None else sources:
             cols = self._cols[r]
             width = len(self.parts.cols[r])
-            for b, band, (_, chunk_rows, n) in self._pieces(rank, r):
+            for b, band, (local, chunk_rows, n) in self._pieces(rank, r):
                 i, offset = where[b * self.bands + band]
                 rows = slice(chunk_rows.start + offset, chunk_rows.stop + offset) \
                     if isinstance(chunk_rows, slice) else chunk_rows + offset
-                yield i, rows, cols, n, width
+                yield i, rows, cols, n, width, b, local
+
+    def copy_own(self, rank, part, regions, to_regions=True):
+        """The pieces of ``rank``'s part that go into its own chunks, copied directly (no exchange).
+
+        ``to_regions``: from ``part`` into ``regions`` (writing), else back
+        (reading).
+        """
+        for i, rows, cols, _, _, b, local in self._region_moves(rank, [rank]):
+            index = (rows, cols) if isinstance(rows, slice) or isinstance(cols, slice) else numpy.ix_(rows, cols)
+            if to_regions:
+                regions[i][index] = part[b, local]
+            else:
+                part[b, local] = regions[i][index]
 
     def unpack_regions(self, rank, buffer, regions):
         """Assemble owner ``rank``'s ``regions`` (arrays of :meth:`region_shape`) from ``buffer``."""
         at = 0
-        for i, rows, cols, n, width in self._region_moves(rank):
+        for i, rows, cols, n, width, _, _ in self._region_moves(rank):
             piece = buffer[at:at + n * width].reshape(n, width)
             if isinstance(rows, slice) or isinstance(cols, slice):
                 regions[i][rows, cols] = piece
@@ -253,7 +280,7 @@ class ChunkPlan:
     def pack_regions(self, rank, regions, buffer):
         """The reverse of :meth:`unpack_regions`: cut owner ``rank``'s ``regions`` into ``buffer``."""
         at = 0
-        for i, rows, cols, n, width in self._region_moves(rank):
+        for i, rows, cols, n, width, _, _ in self._region_moves(rank):
             target = buffer[at:at + n * width].reshape(n, width)
             target[...] = regions[i][rows, cols] if isinstance(rows, slice) or isinstance(cols, slice) \
                 else regions[i][numpy.ix_(rows, cols)]

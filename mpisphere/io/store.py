@@ -473,7 +473,8 @@ class FieldStore:
         plan.pack_parts(me, part, send)
         collectives.alltoallv(self._comm, send, send_counts, _displacements(send_counts), recv, recv_counts,
                               _displacements(recv_counts))
-        regions = [numpy.zeros(plan.region_shape(r), part.dtype) for r in plan.regions(me)]
+        regions = [numpy.empty(plan.region_shape(r), part.dtype) for r in plan.regions(me)]
+        plan.copy_own(me, part, regions)
         plan.unpack_regions(me, recv, regions)
         return regions
 
@@ -484,6 +485,7 @@ class FieldStore:
         send = numpy.empty(sum(send_counts), dtype)
         recv = numpy.empty(sum(recv_counts), dtype)
         plan.pack_regions(me, regions, send)
+        plan.copy_own(me, part, regions, to_regions=False)
         collectives.alltoallv(self._comm, send, send_counts, _displacements(send_counts), recv, recv_counts,
                               _displacements(recv_counts))
         plan.unpack_parts(me, recv, part)
