@@ -81,6 +81,14 @@ def test_benchmarks_run(tmp_path, script, args):
     assert "1x2" in out and "2x1" in out
 
 
+def test_io_benchmark_reads_back_what_it_wrote(tmp_path):
+    pytest.importorskip("zarr")  # the io extra (Python 3.11 and newer)
+    out = launch(2, "bench_io.py", "--nlat", "33", "--nlon", "64", "--fields", "3", "--repeats", "1", "--warmup", "0",
+                 "--json", str(tmp_path / "io.json"), cwd=tmp_path)
+    assert "read back exactly: True" in out and "mpisphere write / gather + numpy.save" in out, out
+    assert (tmp_path / "io.json").exists() and [p.name for p in tmp_path.iterdir()] == ["io.json"]  # files removed
+
+
 def test_fft_benchmark_runs_every_backend(tmp_path):
     out = launch(1, "bench_fft.py", "--nlat", "9", "--nlon", "16", "--batch", "2", "--rounds", "1",
                  "--json", str(tmp_path / "fft.json"), cwd=tmp_path)
