@@ -356,7 +356,7 @@ class ProcessGrid:
                 self._check_field(field, root)
         except InputError as exc:
             error = exc
-        with self._holding(who):
+        with self.holding(who):
             agree(self.cart, who, error, f"root={root!r}", signature=who)
             meta = (tuple(field.shape), numpy.dtype(field.dtype).str) if self.rank == root else None
             shape, dtype = collectives.bcast_object(self.cart, meta, root=root)
@@ -439,7 +439,7 @@ class ProcessGrid:
                 raise InputError(dtypes.refusal(tile.dtype, "moved"), TypeError)
         except InputError as exc:
             error = exc
-        with self._holding(who):
+        with self.holding(who):
             agree(self.cart, who, error, f"root={root!r}", signature=who)
             everyone = collectives.allgather_object(self.cart, (tuple(tile.shape), numpy.dtype(tile.dtype).str))
             shape = self._fit_tiles(everyone)
@@ -469,8 +469,16 @@ class ProcessGrid:
         return field
 
     @contextlib.contextmanager
-    def _holding(self, who):
-        """Hold the grid's guard for a whole-field call; a call refused on this rank is refused on all."""
+    def holding(self, who):
+        """Hold the grid's guard while a collective call that is not an operator communicates.
+
+        What the operators do around every call, for the grid's own
+        whole-field calls (:meth:`scatter`, :meth:`gather`) and for other
+        layers that communicate on the grid (a store's reads and writes): a
+        call from a second thread while one runs is refused on this rank,
+        and on every other rank when the running call ends. ``who`` names
+        the call in the error.
+        """
         def refusal():
             raise_everywhere(self.cart, who, InputError(REFUSED, RuntimeError))
         if not self.guard.enter(refusal):

@@ -70,6 +70,22 @@ def test_a_checkpoint_of_another_model_is_refused_on_every_rank(grid, tmp_path):
         swe.load(os.path.join(shared, "nowhere"))
 
 
+@pytest.mark.mpi
+def test_a_damaged_checkpoint_raises_on_every_rank(grid, tmp_path):
+    shared = grid.cart.bcast(str(tmp_path), root=0)
+    swe = model(grid)
+    path = os.path.join(shared, "checkpoint")
+    swe.save(path, swe.galewsky_initial_condition())
+    if grid.rank == 0:
+        chunk = os.path.join(path, "v000001.zarr", "state", "c", "2", "0", "0")
+        data = bytearray(open(chunk, "rb").read())
+        data[len(data) // 2] ^= 1
+        open(chunk, "wb").write(bytes(data))
+    grid.cart.Barrier()
+    with pytest.raises(ValueError, match=f"of {grid.size}: cannot read 'state'.*checksum"):
+        swe.load(path)
+
+
 CRASH = textwrap.dedent("""
     import os, sys
     import numpy

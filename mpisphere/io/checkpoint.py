@@ -13,7 +13,9 @@ marked complete and ``CURRENT`` is switched to it (written to a temporary
 file, synced, renamed over the old one). A crash at any moment before the
 rename leaves ``CURRENT`` naming the previous version, which is untouched;
 the unfinished version is removed by the next save. The oldest versions
-beyond ``keep`` are removed after a switch.
+beyond ``keep`` are removed after a switch. Every file of a version is
+synced to the disk (``fsync``) before the switch, so the version
+``CURRENT`` names survives a node that loses power too.
 """
 
 import os
@@ -88,7 +90,7 @@ class Checkpoint:
                 error = InputError(f"cannot create {self.path!r}: {exc}", OSError)
         settle(self.grid.cart, who, error)
         self.version = collectives.bcast_object(self.grid.cart, name)
-        self.store = FieldStore(os.path.join(self.path, self.version), self.grid, mode="w")
+        self.store = FieldStore(os.path.join(self.path, self.version), self.grid, mode="w", durable=True)
         return self.store
 
     def __exit__(self, kind, exc, tb):
@@ -117,6 +119,7 @@ class Checkpoint:
         group = zarr_files.open_group(os.path.join(self.path, self.version), "r+")
         group.attrs["mpisphere_checkpoint"] = {"complete": True, "version": self.version}
         zarr_files.consolidate(os.path.join(self.path, self.version))
+        zarr_files.sync_files([os.path.join(self.path, self.version, "zarr.json")])
         zarr_files.write_text_atomically(os.path.join(self.path, "CURRENT"), self.version + "\n")
         versions = _versions(self.path)
         number = int(_VERSION.match(self.version).group(1))

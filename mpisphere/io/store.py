@@ -6,6 +6,7 @@ the tiles move in one all-to-all to the ranks that store each chunk
 of any number of ranks. (one job: the store's collective calls)
 """
 
+import functools
 import math
 import os
 
@@ -23,6 +24,15 @@ __all__ = ["FieldStore"]
 
 _MODES = ("r", "r+", "w", "a")
 _PLANE = {"tiles": ("lat", "lon"), "coefficients": ("l", "m")}
+
+
+def _collective(method):
+    """Run a store's method holding its grid's guard (a second thread's call is refused on every rank)."""
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        with self.grid.holding(f"FieldStore.{method.__name__}"):
+            return method(self, *args, **kwargs)
+    return call
 
 
 def _finding(exc, what):
@@ -46,6 +56,12 @@ class FieldStore:
     mode : {"r", "r+", "w", "a"}
         ``"r"`` read an existing store, ``"r+"`` read and write one, ``"w"``
         create (replacing what is there), ``"a"`` open or create.
+    durable : bool, keyword-only
+        Sync every file written (chunks, metadata and their folders) to the
+        disk before a write returns, not only to the page cache: what a
+        checkpoint needs to survive a node that loses power, at the cost of
+        one ``fsync`` per file. Off by default; :func:`checkpoint` turns it
+        on.
 
     Notes
     -----
@@ -64,11 +80,16 @@ class FieldStore:
     read) is raised on every rank with the rank that found it.
     """
 
-    def __init__(self, path, grid, mode="r"):
+    def __init__(self, path, grid, mode="r", *, durable=False):
         self.path = os.fspath(path)
         self.grid = grid
         self.mode = check_choice(mode, _MODES, "mode", "FieldStore")
+        self.durable = bool(durable)
         self._comm = grid.cart
+        with grid.holding("FieldStore"):
+            self._open(mode)
+
+    def _open(self, mode):
         who = f"FieldStore({self.path!r}, mode={mode!r})"
         error = None
         try:
@@ -104,6 +125,7 @@ class FieldStore:
 
     # --- what is in the store --------------------------------------------------------------------
 
+    @_collective
     def variables(self):
         """Names of the field variables (tiles and coefficients) in the store, sorted. Collective."""
         def names():
@@ -111,6 +133,7 @@ class FieldStore:
             return sorted(name for name, a in group.arrays() if "mpisphere" in a.attrs)
         return self._everywhere("FieldStore.variables", "cannot list the store", names)
 
+    @_collective
     def attrs(self, name=None):
         """The attributes of the store (``name=None``) or of variable ``name``, a dict. Collective."""
         def read():
@@ -119,6 +142,7 @@ class FieldStore:
             return dict(zarr_files.open_array(self.path, name).attrs)
         return self._everywhere("FieldStore.attrs", f"cannot read the attributes of {name or 'the store'}", read)
 
+    @_collective
     def set_attrs(self, attrs):
         """Add ``attrs`` (JSON) to the store's attributes. Collective; rank 0 writes."""
         who = "FieldStore.set_attrs"
@@ -132,7 +156,14 @@ class FieldStore:
         def write():
             zarr_files.open_group(self.path, "r+").attrs.update(attrs)
             zarr_files.consolidate(self.path)
+            self._sync_metadata()
         self._on_root(who, f"cannot write the attributes of {self.path!r}", write)
+
+    def _sync_metadata(self):
+        """Rank 0, ``durable``: sync the metadata files (the root's, with the consolidated copy, and each array's)."""
+        if self.durable:
+            zarr_files.sync_files([os.path.join(root, "zarr.json") for root, _, files in os.walk(self.path)
+                                   if "zarr.json" in files])
 
     def _everywhere(self, who, what, fn):
         """``fn()`` on rank 0, its result on every rank, its failure raised on every rank."""
@@ -151,6 +182,7 @@ class FieldStore:
 
     # --- tiles ----------------------------------------------------------------------------------
 
+    @_collective
     def write_tiles(self, name, tile, nlat, nlon, quadrature="equiangular", *, dims=None, coords=None,
                     attrs=None, append=False):
         """Write this rank's tile of a distributed field as variable ``name``. Collective.
@@ -190,6 +222,7 @@ class FieldStore:
         parts = None if error else Parts.of_grid(self.grid.npolar, self.grid.nazimuth, nlat, nlon)
         self._write(who, name, tile, expected, parts, meta, "tiles", dims, coords, attrs, append, error)
 
+    @_collective
     def read_tiles(self, name, nlat, nlon, quadrature="equiangular"):
         """This rank's tile ``(*lead, h, w)`` of variable ``name``, on this store's grid (any shape). Collective.
 
@@ -216,6 +249,7 @@ class FieldStore:
 
     # --- coefficients -------------------------------------------------------------------------------
 
+    @_collective
     def write_coefficients(self, name, block, sht, *, dims=None, coords=None, attrs=None, append=False):
         """Write this rank's coefficient block as variable ``name`` (orders stored in global order). Collective.
 
@@ -242,6 +276,7 @@ class FieldStore:
             error = InputError(f"sht must be a distributed transform of this store's grid: {exc}", TypeError)
         self._write(who, name, block, expected, parts, meta, "coefficients", dims, coords, attrs, append, error)
 
+    @_collective
     def read_coefficients(self, name, sht):
         """This rank's block ``(*lead, l_loc, m_loc)`` of variable ``name``, in ``sht``'s order layout. Collective.
 
@@ -337,8 +372,12 @@ class FieldStore:
             rows = int(array.chunks[-2])
             plan = ChunkPlan(parts, lead, rows, lead_offset)
             regions = self._to_owners(plan, host.reshape((math.prod(lead),) + host.shape[-2:]))
-            for region, data in zip(plan.regions(self.grid.rank), regions):
+            mine = plan.regions(self.grid.rank)
+            for region, data in zip(mine, regions):
                 array[plan.selection(region)] = data
+            if self.durable:
+                zarr_files.sync_files([f for _, f in zarr_files.chunk_files(
+                    self.path, name, array, [plan.selection(r) for r in mine])])
         except Exception as exc:  # noqa: BLE001
             error = _finding(exc, f"cannot write {name!r} to {self.path!r}")
         self._settle(who, error)
@@ -347,6 +386,7 @@ class FieldStore:
             array = zarr_files.open_array(self.path, name)
             array.attrs["mpisphere"] = {**array.attrs["mpisphere"], "complete": True}
             zarr_files.consolidate(self.path)
+            self._sync_metadata()
         self._on_root(who, f"cannot finish {name!r} in {self.path!r}", finish)
 
     def _prepare(self, name, kind, meta, full_meta, lead, dtype, dims, coords, attrs, append, parts):

@@ -14,8 +14,8 @@ import json
 import os
 import warnings
 
-__all__ = ["import_zarr", "create_array", "open_array", "open_group", "missing_chunks", "consolidate",
-           "INSTALL_HINT"]
+__all__ = ["import_zarr", "create_array", "open_array", "open_group", "chunk_files", "missing_chunks", "sync_files",
+           "consolidate", "write_text_atomically", "json_safe", "INSTALL_HINT"]
 
 INSTALL_HINT = ("mpisphere.io needs zarr>=3 (Python 3.11 or newer): pip install 'mpisphere[io]' "
                 "(from a clone: pip install '.[io]')")
@@ -56,12 +56,14 @@ def open_array(path, name):
     zarr = import_zarr()
     if not os.path.isfile(os.path.join(path, name, "zarr.json")):
         raise KeyError(name)
-    return zarr.open_array(os.path.join(path, name), mode="r+", zarr_format=3)
+    # the configuration is not stored with the array: a chunk of zeros must still be written (a missing
+    # chunk file reads as the fill value, and mpisphere.io takes a missing file for a damaged store)
+    return zarr.open_array(os.path.join(path, name), mode="r+", zarr_format=3).with_config(
+        {"write_empty_chunks": True})
 
 
-def missing_chunks(path, name, array, selections):
-    """The chunk keys under ``selections`` (whole chunks, one index per leading axis) with no file."""
-    missing = []
+def chunk_files(path, name, array, selections):
+    """``(key, file path)`` of every chunk under ``selections`` (whole chunks, one index per leading axis)."""
     chunks = array.chunks
     for sel in selections:
         ranges = []
@@ -70,9 +72,31 @@ def missing_chunks(path, name, array, selections):
             ranges.append(range(start // c, -(-stop // c)))
         for coords in _product(ranges):
             key = array.metadata.encode_chunk_key(coords)
-            if not os.path.isfile(os.path.join(path, name, *key.split("/"))):
-                missing.append(key)
-    return missing
+            yield key, os.path.join(path, name, *key.split("/"))
+
+
+def missing_chunks(path, name, array, selections):
+    """The chunk keys under ``selections`` with no file (Zarr would read them as the fill value)."""
+    return [key for key, file in chunk_files(path, name, array, selections) if not os.path.isfile(file)]
+
+
+def sync_files(files):
+    """``fsync`` each file and the folders that hold them: on the disk, not only in the page cache."""
+    folders = set()
+    for file in files:
+        fd = os.open(file, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        folders.add(os.path.dirname(file))
+    for folder in sorted(folders):
+        with contextlib.suppress(OSError):  # not every filesystem lets a directory be opened for fsync
+            fd = os.open(folder, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
 
 
 def _product(ranges):
@@ -101,12 +125,7 @@ def write_text_atomically(path, text):
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    with contextlib.suppress(OSError):  # not every filesystem lets a directory be opened for fsync
-        fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    sync_files([path])
 
 
 def json_safe(value, what):
