@@ -89,6 +89,20 @@ def test_io_benchmark_reads_back_what_it_wrote(tmp_path):
     assert (tmp_path / "io.json").exists() and [p.name for p in tmp_path.iterdir()] == ["io.json"]  # files removed
 
 
+def test_williamson_runs_cases_against_their_references(tmp_path):
+    """Case 2 against its exact solution, case 5 against a (small) reference the script computes and keeps."""
+    out = launch(2, "williamson.py", "--case", "2", "--truncations", "42", "--days", "1", "--results", str(tmp_path),
+                 cwd=tmp_path)
+    assert "case 2 T42  explicit" in out and "case 2 T42  semi-implicit" in out, out
+    args = ["--case", "5", "--truncations", "42", "--reference", "63", "--days", "1", "--results", str(tmp_path)]
+    out = launch(2, "williamson.py", *args, cwd=tmp_path)
+    assert "reference case 5 T63: day 1" in out and "case 5 T42  semi-implicit" in out, out
+    again = launch(1, "williamson.py", *args, "--schemes", "explicit", cwd=tmp_path)  # the kept reference
+    assert "reference case" not in again and "case 5 T42  explicit" in again, again
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "williamson-case2.json", "williamson-case5.json", "williamson-reference-case5-T63.npz"]
+
+
 def test_fft_benchmark_runs_every_backend(tmp_path):
     out = launch(1, "bench_fft.py", "--nlat", "9", "--nlon", "16", "--batch", "2", "--rounds", "1",
                  "--json", str(tmp_path / "fft.json"), cwd=tmp_path)

@@ -22,18 +22,26 @@ adjoint): third-order Adams-Bashforth, started as torch-harmonics starts
 it, with implicit hyperdiffusion on vorticity and divergence (an e-folding
 time of one hour at the highest degree, applied half a step).
 
+A semi-implicit variant (``scheme="semi-implicit"``) takes the linear
+gravity-wave terms about a resting reference depth by the trapezoidal
+rule (a 2 x 2 solve per degree) and the rest by the same weights; the
+tangent-linear and adjoint follow either scheme. Orography
+(``orography=``) enters the momentum equation only.
+
 Initial conditions: Galewsky et al. (2004)'s barotropically unstable jet
 (:meth:`galewsky_initial_condition`), Williamson et al. (1992)'s test case 2,
 steady zonal geostrophic flow with a known exact solution
-(:meth:`williamson2_initial_condition`), and random fields
-(:meth:`random_initial_condition`).
+(:meth:`williamson2_initial_condition`), case 5, zonal flow over an
+isolated mountain (:meth:`williamson5_initial_condition`), case 6, the
+Rossby-Haurwitz wave of wavenumber 4 (:meth:`williamson6_initial_condition`),
+and random fields (:meth:`random_initial_condition`).
 """
 
 import math
 
 import numpy
 
-from ..agreement import Described, agree_construction
+from ..agreement import Described, InputError, agree_construction, settle
 from ..io import checkpoint, open_checkpoint
 from ..primitives import GatherFrom, ReduceFrom
 from ..sht import calculus
@@ -44,6 +52,20 @@ from ..sht import (DistributedInverseRealSHT, DistributedInverseRealVectorSHT, D
                    DistributedRealVectorSHT)
 
 __all__ = ["ShallowWaterSolver"]
+
+
+SCHEMES = ("explicit", "semi-implicit")
+
+
+def williamson5_orography(lats, lons):
+    """Williamson et al. (1992) case 5's mountain (m) at ``lats``, ``lons`` (radians, broadcast together).
+
+    ``2000 (1 - r / R)`` within ``R = pi / 9`` of (30 N, 270 E), ``r`` the
+    distance in the paper's ``(lon, lat)`` plane, zero outside.
+    """
+    radius = math.pi / 9.0
+    r = numpy.minimum(radius, numpy.sqrt((lons - 1.5 * math.pi) ** 2 + (lats - math.pi / 6.0) ** 2))
+    return 2000.0 * (1.0 - r / radius)
 
 
 class ShallowWaterSolver(Described):
@@ -67,6 +89,26 @@ class ShallowWaterSolver(Described):
     orders : {"contiguous", "balanced"}, keyword-only
         The order layout of the four transforms (and so of the state's
         blocks): see :class:`~mpisphere.DistributedRealSHT`.
+    orography : None, "williamson5" or ndarray, keyword-only
+        The height of the surface (m) under the fluid: none (flat, the
+        default), the isolated mountain of Williamson et al. (1992)'s case 5
+        (2000 m, radius pi/9, centred at 30 N, 270 E), or this rank's tile
+        ``(h, w)`` of a field of your own. The state's geopotential is then
+        the fluid's depth times gravity, and the momentum equation takes the
+        gradient of the depth's geopotential plus ``gravity * orography``.
+    scheme : {"explicit", "semi-implicit"}, keyword-only
+        ``"explicit"``: torch-harmonics' third-order Adams-Bashforth (the
+        default, bit-compatible with it). ``"semi-implicit"``: the linear
+        gravity-wave terms about a resting state of depth ``havg``
+        (``d phi/dt = -g havg delta``, ``d delta/dt = -lap phi``) by the
+        trapezoidal rule, solved per degree in spectral space (a 2 x 2
+        system), the rest by the same Adams-Bashforth weights: it allows
+        steps several times longer (the gravity waves no longer limit it).
+        See ``reference_depth``.
+    reference_depth : float, keyword-only
+        The semi-implicit scheme's resting depth (m); ``havg`` by default.
+        It should be at least the largest depth of the flow: the part of
+        the waves left to the explicit step is then damped, not amplified.
 
     Attributes
     ----------
@@ -103,16 +145,29 @@ class ShallowWaterSolver(Described):
     mpisphere operators and agree like any other call.
     """
 
+    _per_rank = ("orography",)  # a tile of the caller's own orography differs between ranks
+
     def __init__(self, grid, nlat, nlon, dt, lmax=None, mmax=None, *, quadrature="equiangular",
                  radius=6.37122e6, omega=7.292e-5, gravity=9.80616, havg=10.0e3, hamp=120.0,
-                 orders="contiguous"):
-        agree_construction(self, grid.cart)
+                 orders="contiguous", orography=None, scheme="explicit", reference_depth=None):
+        error = None
+        if scheme not in SCHEMES:
+            error = InputError(f"scheme must be {' or '.join(map(repr, SCHEMES))}, got {scheme!r}")
+        elif not (orography is None or isinstance(orography, str) and orography == "williamson5"
+                  or isinstance(orography, numpy.ndarray)
+                  and orography.shape == grid.local_shape(nlat, nlon) and orography.dtype.kind == "f"):
+            error = InputError(f"orography must be None, 'williamson5' or this rank's tile "
+                               f"{grid.local_shape(nlat, nlon)} of real heights, got "
+                               f"{type(orography).__name__} {getattr(orography, 'shape', orography)!r}")
+        agree_construction(self, grid.cart, error=error)
+        self.scheme = scheme
         self.grid = grid
         self.dt = float(dt)
         self.nlat, self.nlon = nlat, nlon
         self.quadrature = quadrature
         self.radius, self.omega, self.gravity = float(radius), float(omega), float(gravity)
         self.havg, self.hamp = float(havg), float(hamp)
+        self.reference_depth = self.havg if reference_depth is None else float(reference_depth)
         options = dict(quadrature=quadrature, csphase=False, orders=orders)
         self.sht = DistributedRealSHT(grid, nlat, nlon, lmax, mmax, **options)
         self.isht = DistributedInverseRealSHT(grid, nlat, nlon, lmax, mmax, **options)
@@ -126,6 +181,16 @@ class ShallowWaterSolver(Described):
         self.lons = 2.0 * math.pi * numpy.arange(lon.start, lon.stop) / nlon
         self.quad_weights = weights[lat].reshape(-1, 1)
         self.coriolis = (2.0 * self.omega * numpy.sin(self.lats)).reshape(-1, 1)
+        if orography is None:
+            self.orography = numpy.zeros(grid.local_shape(nlat, nlon))
+        elif isinstance(orography, str):
+            self.orography = williamson5_orography(self.lats[:, None], self.lons[None, :])
+        else:
+            self.orography = numpy.array(orography, dtype=numpy.float64)
+        self._orography_kind = "none" if orography is None else (orography if isinstance(orography, str)
+                                                                  else "array")
+        self.surface_geopotential = self.gravity * self.orography
+        self._flat = orography is None
 
         l = self.sht.local_degrees.astype(float)[:, None] * numpy.ones(self.sht.block_shape)
         m = self.sht.local_orders[None, :] * numpy.ones(self.sht.block_shape)
@@ -140,6 +205,7 @@ class ShallowWaterSolver(Described):
         self.inverse_laplacian = calculus.inverse_laplacian(self.sht, self.radius)
         self.invlap = self.inverse_laplacian.weights
         self.hyperdiff = self.hyperdiffusion.weights
+        self._implicit = None if scheme == "explicit" else self._gravity_waves()
         self._sum = ReduceFrom(grid.cart)                 # integrals: sums over the ranks, agreed like any call
         self._each = GatherFrom(grid.cart, 0, grid.size)  # one number from every rank (the largest vorticity)
 
@@ -204,7 +270,8 @@ class ShallowWaterSolver(Described):
         absvort = ugrid[1] + self.coriolis
         fluxes = numpy.stack([uvgrid * absvort, uvgrid * ugrid[0]])
         tmpspec = self.vrtdivspec(fluxes)        # curl and divergence of both fluxes, one transform
-        energy = self.grid2spec(ugrid[0] + 0.5 * (uvgrid[0] ** 2 + uvgrid[1] ** 2))
+        bernoulli = ugrid[0] + 0.5 * (uvgrid[0] ** 2 + uvgrid[1] ** 2)
+        energy = self.grid2spec(bernoulli if self._flat else bernoulli + self.surface_geopotential)
         dudtspec = numpy.empty_like(uspec)
         dudtspec[0] = -tmpspec[1, 1]
         dudtspec[1] = -tmpspec[0, 1]
@@ -246,7 +313,40 @@ class ShallowWaterSolver(Described):
             if trajectory is not None:
                 trajectory.append(fields)
             return dudt
-        return time_stepping.integrate(uspec, nsteps, self.dt, tendency, self.diffuse, history)
+        return time_stepping.integrate(uspec, nsteps, self.dt, tendency, self.diffuse, history, self._implicit)
+
+    def _gravity_waves(self):
+        """The semi-implicit scheme's linear part: gravity waves about a resting depth (per degree)."""
+        half = 0.5 * self.dt
+        depth = self.gravity * self.reference_depth  # the reference geopotential
+        eigen = -self.lap                    # l (l + 1) / radius^2 on the block
+        det = 1.0 + half * half * depth * eigen
+
+        def apply(x):  # L (phi, zeta, delta) = (-depth delta, 0, eigen phi)
+            out = numpy.zeros_like(x)
+            out[..., 0, :, :] = -depth * x[..., 2, :, :]
+            out[..., 2, :, :] = eigen * x[..., 0, :, :]
+            return out
+
+        def apply_adjoint(x):
+            out = numpy.zeros_like(x)
+            out[..., 0, :, :] = eigen * x[..., 2, :, :]
+            out[..., 2, :, :] = -depth * x[..., 0, :, :]
+            return out
+
+        def solve(r):  # (I - dt/2 L)^-1 r
+            out = r.copy()
+            out[..., 2, :, :] = (r[..., 2, :, :] + half * eigen * r[..., 0, :, :]) / det
+            out[..., 0, :, :] = r[..., 0, :, :] - half * depth * out[..., 2, :, :]
+            return out
+
+        def solve_adjoint(r):  # (I - dt/2 L)^-T r
+            out = r.copy()
+            out[..., 2, :, :] = (r[..., 2, :, :] - half * depth * r[..., 0, :, :]) / det
+            out[..., 0, :, :] = r[..., 0, :, :] + half * eigen * out[..., 2, :, :]
+            return out
+
+        return time_stepping.ImplicitPart(apply, apply_adjoint, solve, solve_adjoint)
 
     # --- checkpoints -------------------------------------------------------------------------------
 
@@ -254,7 +354,8 @@ class ShallowWaterSolver(Described):
         """What a continuation must share with this model: the grid, truncation, time step and constants (a dict)."""
         return {"nlat": int(self.nlat), "nlon": int(self.nlon), "lmax": int(self.lmax), "mmax": int(self.mmax),
                 "quadrature": self.sht.quadrature, "dt": self.dt, "radius": self.radius, "omega": self.omega,
-                "gravity": self.gravity, "havg": self.havg, "hamp": self.hamp}
+                "gravity": self.gravity, "havg": self.havg, "hamp": self.hamp, "scheme": self.scheme,
+                "reference_depth": self.reference_depth, "orography": self._orography_kind}
 
     def save(self, path, uspec, history=None, *, keep=2):
         """Write a checkpoint: the state, the scheme's history, the step, the time and the parameters. Collective.
@@ -284,6 +385,9 @@ class ShallowWaterSolver(Described):
             for i, n in enumerate(steps):
                 store.write_coefficients(f"tendency_{i + 1}", history.tendencies[n], self.sht, dims=("field",),
                                          attrs={"step": n, "fields": fields})
+            if self._orography_kind == "array":
+                store.write_tiles("orography", self.orography, self.nlat, self.nlon, self.sht.quadrature,
+                                  attrs={"units": "m"})
             store.set_attrs({"model": "mpisphere.examples.ShallowWaterSolver", "parameters": self.parameters(),
                              "step": history.step, "time_seconds": history.step * self.dt,
                              "tendency_steps": steps})
@@ -307,6 +411,11 @@ class ShallowWaterSolver(Described):
             raise ValueError(f"ShallowWaterSolver.load({path!r}): the checkpoint does not fit this model (ranks "
                              f"0-{self.grid.size - 1} of {self.grid.size}): "
                              f"{differ or 'it was not written by ShallowWaterSolver.save'}")
+        if self._orography_kind == "array":
+            saved_orography = store.read_tiles("orography", self.nlat, self.nlon, self.sht.quadrature)
+            error = None if numpy.array_equal(saved_orography, self.orography) else InputError(
+                "the checkpoint's orography differs from this model's on this rank's tile")
+            settle(self.grid.cart, f"ShallowWaterSolver.load({path!r})", error)
         uspec = store.read_coefficients("state", self.sht)
         tendencies = {int(n): store.read_coefficients(f"tendency_{i + 1}", self.sht)
                       for i, n in enumerate(attrs["tendency_steps"])}
@@ -379,6 +488,56 @@ class ShallowWaterSolver(Described):
         uspec[1:] = self.vrtdivspec(wind)
         return uspec * self.triangle, geopotential
 
+    def williamson5_initial_condition(self, u0=20.0, h0=5960.0):
+        """Williamson et al. (1992) test case 5: zonal flow over an isolated mountain.
+
+        Build the model with ``orography="williamson5"``. ``u = u0 cos(lat)``,
+        ``v = 0``, a free surface ``g h = g h0 - (radius omega u0 + u0^2 / 2)
+        sin(lat)^2`` in balance with it; the state's geopotential is the
+        depth's, ``g h - g orography``. Returns ``uspec``.
+        """
+        lats, _ = self._meshgrid()
+        surface = self.gravity * h0 - (self.radius * self.omega * u0 + 0.5 * u0 ** 2) * numpy.sin(lats) ** 2
+        wind = numpy.stack([u0 * numpy.cos(lats), numpy.zeros_like(lats)])
+        uspec = numpy.zeros((3,) + self.sht.block_shape, dtype=self.sht.cdtype)
+        uspec[0] = self.grid2spec(surface - self.surface_geopotential)
+        uspec[1:] = self.vrtdivspec(wind)
+        return uspec * self.triangle
+
+    def williamson6_initial_condition(self, omega=7.848e-6, k=7.848e-6, wavenumber=4, h0=8000.0):
+        """Williamson et al. (1992) test case 6: the Rossby-Haurwitz wave of wavenumber 4.
+
+        The paper's winds and height (its A, B, C) for ``omega = K = 7.848e-6
+        1/s``, ``R = 4``, ``h0 = 8000 m``. For the non-divergent barotropic
+        equations the pattern moves east at :meth:`rossby_haurwitz_speed`
+        without changing shape; in the shallow-water equations nearly so.
+        Returns ``uspec``.
+        """
+        a, big, r = self.radius, self.omega, wavenumber
+        lats, lons = self._meshgrid()
+        c, s = numpy.cos(lats), numpy.sin(lats)
+        u = a * omega * c + a * k * c ** (r - 1) * (r * s ** 2 - c ** 2) * numpy.cos(r * lons)
+        v = -a * k * r * c ** (r - 1) * s * numpy.sin(r * lons)
+        coef_a = 0.5 * omega * (2 * big + omega) * c ** 2 + 0.25 * k ** 2 * c ** (2 * r) * (
+            (r + 1) * c ** 2 + (2 * r ** 2 - r - 2) - 2 * r ** 2 * c ** -2.0)
+        coef_b = 2 * (big + omega) * k / ((r + 1) * (r + 2)) * c ** r * ((r ** 2 + 2 * r + 2) - (r + 1) ** 2 * c ** 2)
+        coef_c = 0.25 * k ** 2 * c ** (2 * r) * ((r + 1) * c ** 2 - (r + 2))
+        geopotential = self.gravity * h0 + a ** 2 * (coef_a + coef_b * numpy.cos(r * lons)
+                                                     + coef_c * numpy.cos(2 * r * lons))
+        uspec = numpy.zeros((3,) + self.sht.block_shape, dtype=self.sht.cdtype)
+        uspec[0] = self.grid2spec(geopotential - self.surface_geopotential)
+        uspec[1:] = self.vrtdivspec(numpy.stack([u, v]))
+        return uspec * self.triangle
+
+    def rossby_haurwitz_speed(self, omega=7.848e-6, wavenumber=4):
+        """The eastward angular speed (rad/s) of case 6's pattern in the non-divergent barotropic equations.
+
+        ``(R (3 + R) omega - 2 Omega) / ((1 + R) (2 + R))`` (Haurwitz 1940,
+        Williamson et al. 1992, eq. 141).
+        """
+        r = wavenumber
+        return (r * (3 + r) * omega - 2 * self.omega) / ((1 + r) * (2 + r))
+
     def random_initial_condition(self, mach=0.1, seed=0):
         """Random coefficients up to degree 120 (as torch-harmonics), the same field on every grid."""
         limit = min(120, self.lmax)
@@ -412,13 +571,15 @@ class ShallowWaterSolver(Described):
         """Mass, total energy and the largest absolute relative vorticity, each the same on every rank.
 
         Mass is the integral of ``h = phi / g`` (m^3); energy the integral of
-        ``(phi |v|^2 + phi^2) / (2 g)`` (kinetic plus available potential, J/kg m^2).
+        ``(phi |v|^2 + phi^2 + 2 phi phi_s) / (2 g)`` (kinetic plus potential,
+        J/kg m^2; ``phi_s = g orography``, zero without orography).
         """
         ugrid = self.spec2grid(uspec)
         uv = self.getuv(uspec[1:])
         phi = ugrid[0]
         mass, energy = self.integrate_grid(numpy.stack([phi / self.gravity,
-                                                        (phi * (uv[0] ** 2 + uv[1] ** 2) + phi ** 2) /
+                                                        (phi * (uv[0] ** 2 + uv[1] ** 2) + phi ** 2
+                                                         + 2 * phi * self.surface_geopotential) /
                                                         (2 * self.gravity)]))
         vmax = float(self._each.forward(numpy.array([abs(ugrid[1]).max()], dtype=numpy.float64)).max())
         return {"mass": float(mass), "energy": float(energy), "max_vorticity": vmax}

@@ -145,11 +145,12 @@ class TangentLinearModel(LinearOperator):
     # --- the time loop ----------------------------------------------------------------------------
 
     def _tl(self, du):
-        return time_stepping.integrate(du, self.nsteps, self.solver.dt, self._jacobian, self.solver.diffuse)
+        return time_stepping.integrate(du, self.nsteps, self.solver.dt, self._jacobian, self.solver.diffuse,
+                                       implicit=self.solver._implicit)
 
     def _ad(self, au):
         return time_stepping.integrate_adjoint(au, self.nsteps, self.solver.dt, self._jacobian_adjoint,
-                                               self._diffuse_adjoint)
+                                               self._diffuse_adjoint, implicit=self.solver._implicit)
 
     def _diffuse_adjoint(self, a):
         a[..., 1:, :, :] = self.solver.hyperdiffusion.H.forward(a[..., 1:, :, :])

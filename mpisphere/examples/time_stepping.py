@@ -6,7 +6,12 @@ then an implicit diffusion ``D``::
 
     u_{n+1} = D (u_n + dt sum_j c_{n,j} f(u_{n-j}))
 
-with the weights ``c`` of :func:`adams_bashforth`. The nonlinear model and
+with the weights ``c`` of :func:`adams_bashforth`. The semi-implicit
+variant (an :class:`ImplicitPart` given) treats a linear part ``L`` of the
+tendency (the gravity waves) with the trapezoidal rule and the rest with
+the same Adams-Bashforth weights::
+
+    u_{n+1} = D S ((I + dt/2 L) u_n + dt sum_j c_{n,j} (f - L)(u_{n-j})),   S = (I - dt/2 L)^-1 The nonlinear model and
 its tangent-linear run :func:`integrate` (with ``f`` the tendency or its
 Jacobian at step ``n``); the adjoint runs :func:`integrate_adjoint`, the
 same recurrence transposed: backwards in time, applying each step's
@@ -14,7 +19,23 @@ same recurrence transposed: backwards in time, applying each step's
 ``F_k du_k`` send back.
 """
 
-__all__ = ["AdamsBashforthHistory", "adams_bashforth", "integrate", "integrate_adjoint"]
+__all__ = ["AdamsBashforthHistory", "ImplicitPart", "adams_bashforth", "integrate", "integrate_adjoint"]
+
+
+class ImplicitPart:
+    """The linear part ``L`` of a tendency taken implicitly, as four callables on arrays of the state's shape.
+
+    Parameters
+    ----------
+    apply, apply_adjoint : callable
+        ``L x`` and ``L^T x`` (new arrays).
+    solve, solve_adjoint : callable
+        ``(I - dt/2 L)^-1 x`` and its transpose (new arrays).
+    """
+
+    def __init__(self, apply, apply_adjoint, solve, solve_adjoint):
+        self.apply, self.apply_adjoint = apply, apply_adjoint
+        self.solve, self.solve_adjoint = solve, solve_adjoint
 
 
 class AdamsBashforthHistory:
@@ -58,7 +79,7 @@ def adams_bashforth(step):
     return [(0, 23.0 / 12.0), (1, -16.0 / 12.0), (2, 5.0 / 12.0)]
 
 
-def integrate(state, nsteps, dt, tendency, diffuse, history=None):
+def integrate(state, nsteps, dt, tendency, diffuse, history=None, implicit=None):
     """``nsteps`` steps of the scheme from ``state``; returns the final state.
 
     Parameters
@@ -75,14 +96,23 @@ def integrate(state, nsteps, dt, tendency, diffuse, history=None):
         function's own), returning it.
     history : AdamsBashforthHistory, optional
         Continue from it (updated in place); without one the scheme starts
-        afresh at step 0.
+        afresh at step 0. It holds what the scheme extrapolates: ``f`` in
+        the explicit scheme, ``f - L`` in the semi-implicit one.
+    implicit : ImplicitPart, optional
+        The semi-implicit scheme's ``L``; without, the explicit scheme.
     """
     first = 0 if history is None else history.step
     tendencies = {} if history is None else dict(history.tendencies)
     for n in range(first, first + nsteps):
-        tendencies[n] = tendency(n, state)
-        increment = sum(weight * tendencies[n - lag] for lag, weight in adams_bashforth(n))
-        state = diffuse(state + dt * increment)
+        if implicit is None:
+            tendencies[n] = tendency(n, state)
+            increment = sum(weight * tendencies[n - lag] for lag, weight in adams_bashforth(n))
+            state = diffuse(state + dt * increment)
+        else:
+            linear = implicit.apply(state)
+            tendencies[n] = tendency(n, state) - linear
+            increment = sum(weight * tendencies[n - lag] for lag, weight in adams_bashforth(n))
+            state = diffuse(implicit.solve(state + (0.5 * dt) * linear + dt * increment))
         tendencies.pop(n - 2, None)
     if history is not None:
         history.step = first + nsteps
@@ -90,7 +120,7 @@ def integrate(state, nsteps, dt, tendency, diffuse, history=None):
     return state
 
 
-def integrate_adjoint(adjoint, nsteps, dt, tendency_adjoint, diffuse_adjoint):
+def integrate_adjoint(adjoint, nsteps, dt, tendency_adjoint, diffuse_adjoint, implicit=None):
     """The adjoint of :func:`integrate`'s linear recurrence (the tangent-linear one) applied to ``adjoint``.
 
     Parameters
@@ -102,13 +132,21 @@ def integrate_adjoint(adjoint, nsteps, dt, tendency_adjoint, diffuse_adjoint):
     diffuse_adjoint : callable
         ``diffuse_adjoint(a)``: ``D^T a``, in place on ``a`` (an array of this
         function's own), returning it.
+    implicit : ImplicitPart, optional
+        The semi-implicit scheme's ``L`` (as in :func:`integrate`).
     """
     a = adjoint.copy()
-    pending = {}  # step k -> what the steps that used F_k du_k send back to it
+    pending = {}  # step k -> what the steps that used F_k du_k (or (F_k - L) du_k) send back to it
     for n in range(nsteps - 1, -1, -1):
         w = diffuse_adjoint(a)  # D^T a_{n+1}; a is not used again
+        if implicit is not None:
+            w = implicit.solve_adjoint(w)
         for lag, weight in adams_bashforth(n):
             contribution = (dt * weight) * w
             pending[n - lag] = pending[n - lag] + contribution if n - lag in pending else contribution
-        a = w + tendency_adjoint(n, pending.pop(n))
+        back = pending.pop(n)
+        if implicit is None:
+            a = w + tendency_adjoint(n, back)
+        else:
+            a = w + tendency_adjoint(n, back) + implicit.apply_adjoint((0.5 * dt) * w - back)
     return a
