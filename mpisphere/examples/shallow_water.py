@@ -102,9 +102,14 @@ class ShallowWaterSolver(Described):
         gravity-wave terms about a resting state of depth ``havg``
         (``d phi/dt = -g havg delta``, ``d delta/dt = -lap phi``) by the
         trapezoidal rule, solved per degree in spectral space (a 2 x 2
-        system), the rest by the same Adams-Bashforth weights: it allows
-        steps several times longer (the gravity waves no longer limit it).
-        See ``reference_depth``.
+        system), the rest by the same Adams-Bashforth weights. The
+        trapezoidal rule removes the limit of the gravity waves of the
+        reference depth only: the part of the waves due to the flow's depth
+        differing from it stays explicit, and Adams-Bashforth's limit for
+        that part holds the step. Experimental: in Williamson's cases 5 and 6
+        it was unstable at two and three times the explicit step within 15
+        days, and in case 2 at five times beyond T42 (docs/williamson.md);
+        its tangent-linear and adjoint are exact. See ``reference_depth``.
     reference_depth : float, keyword-only
         The semi-implicit scheme's resting depth (m); ``havg`` by default.
         It should be at least the largest depth of the flow: the part of
