@@ -171,7 +171,7 @@ def _groups_disagree(comm, parts):
     return bool(flag[0])
 
 
-def settle(comm, who, error, description=""):
+def settle(comm, who, error, description="", mismatch="disagree on what they are about to do"):
     """Collective over ``comm``: raise every rank's finding on every rank, or return when there is none.
 
     The agreement of a step that must hold whatever
@@ -187,6 +187,9 @@ def settle(comm, who, error, description=""):
     description : str
         What this rank is about to do, the same text on every rank that does
         the same thing.
+    mismatch : str
+        What differing descriptions mean, in the message (``the N ranks
+        <mismatch>: who has what``).
 
     Raises
     ------
@@ -208,8 +211,7 @@ def settle(comm, who, error, description=""):
     errors = [(r, size, e[0], e[1]) for r, (e, _) in enumerate(everyone) if e is not None]
     if errors:
         raise as_exception(who, errors)
-    raise ValueError(f"{who}: the {size} ranks disagree on what they are about to do: "
-                     f"{differences([d for _, d in everyone])}")
+    raise ValueError(f"{who}: the {size} ranks {mismatch}: {differences([d for _, d in everyone])}")
 
 
 def raise_everywhere(comm, who, error):
@@ -240,21 +242,5 @@ def agree_construction(obj, comm, who=None, error=None):
     """
     who = who or (getattr(obj, "name", None) if isinstance(getattr(obj, "name", None), str)
                   else type(obj).__name__)
-    text = description_of(obj)
-    size = comm.Get_size()
-    if size == 1:
-        if error is not None:
-            raise as_exception(who, [(0, 1, error.kind.__name__, error.text)])
-        return
-    code = digest(text)
-    flags = numpy.array([0 if error is None else 1, code, -code], dtype=numpy.int64)
-    collectives.allreduce_max_ints(comm, flags)
-    if flags[0] == 0 and flags[1] == -flags[2]:
-        return
-    everyone = collectives.allgather_object(comm, (None if error is None else (error.kind.__name__, error.text),
-                                                   text))
-    errors = [(r, size, e[0], e[1]) for r, (e, _) in enumerate(everyone) if e is not None]
-    if errors:
-        raise as_exception(who, errors)
-    raise ValueError(f"{who}: the {size} ranks built it from different arguments (build it the same way on every "
-                     f"rank): {differences([t for _, t in everyone])}")
+    settle(comm, who, error, description_of(obj),
+           mismatch="built it from different arguments (build it the same way on every rank)")

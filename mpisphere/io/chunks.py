@@ -201,6 +201,16 @@ class ChunkPlan:
         return [0 if r == rank else sum(cut[2] for _, _, cut in self._pieces(rank, r)) * len(self.parts.cols[r])
                 for r in range(self.parts.size)]
 
+    def _part_moves(self, rank, width):
+        """The pieces of ``rank``'s part bound for other owners, in order: ``(b, local rows, buffer slice, n)``."""
+        at = 0
+        for o in range(self.parts.size):
+            if o == rank:
+                continue
+            for b, _, (local, _, n) in self._pieces(o, rank):
+                yield b, local, slice(at, at + n * width), n
+                at += n * width
+
     def pack_parts(self, rank, part, buffer):
         """Cut ``part`` (``(lead_size, rows, cols)``, rank ``rank``'s) into ``buffer`` in the owners' order.
 
@@ -208,26 +218,17 @@ class ChunkPlan:
         moves them without the exchange.
         """
         width = part.shape[-1]
-        at = 0
-        for o in range(self.parts.size):
-            if o == rank:
-                continue
-            for b, _, (local, _, n) in self._pieces(o, rank):
-                buffer[at:at + n * width].reshape(n, width)[...] = part[b, local]
-                at += n * width
-        return at
+        packed = 0
+        for b, local, where, n in self._part_moves(rank, width):
+            buffer[where].reshape(n, width)[...] = part[b, local]
+            packed = where.stop
+        return packed
 
     def unpack_parts(self, rank, buffer, part):
         """The reverse of :meth:`pack_parts`: fill ``part`` from ``buffer`` (all but the own pieces)."""
         width = part.shape[-1]
-        at = 0
-        for o in range(self.parts.size):
-            if o == rank:
-                continue
-            for b, _, (local, _, n) in self._pieces(o, rank):
-                part[b, local] = buffer[at:at + n * width].reshape(n, width)
-                at += n * width
-        return at
+        for b, local, where, n in self._part_moves(rank, width):
+            part[b, local] = buffer[where].reshape(n, width)
 
     def _region_of(self, rank):
         """``{k: (region index, row offset of chunk k inside its region)}`` for ``rank``'s chunks."""
@@ -240,7 +241,8 @@ class ChunkPlan:
     def _region_moves(self, rank, sources=None):
         """The pieces of ``rank``'s regions from ``sources`` (default: every other rank), in order.
 
-        Yields ``(region, chunk rows (slice or array), cols, n, width, b, local rows)``.
+        Yields ``(region, index into it, n, width, b, local rows)``; the index
+        is a pair of slices or arrays, or an ``ix_`` pair when both are arrays.
         """
         where = self._region_of(rank)
         for r in (r for r in range(self.parts.size) if r != rank) if sources is None else sources:
@@ -250,7 +252,8 @@ class ChunkPlan:
                 i, offset = where[b * self.bands + band]
                 rows = slice(chunk_rows.start + offset, chunk_rows.stop + offset) \
                     if isinstance(chunk_rows, slice) else chunk_rows + offset
-                yield i, rows, cols, n, width, b, local
+                index = (rows, cols) if isinstance(rows, slice) or isinstance(cols, slice) else numpy.ix_(rows, cols)
+                yield i, index, n, width, b, local
 
     def copy_own(self, rank, part, regions, to_regions=True):
         """The pieces of ``rank``'s part that go into its own chunks, copied directly (no exchange).
@@ -258,8 +261,7 @@ class ChunkPlan:
         ``to_regions``: from ``part`` into ``regions`` (writing), else back
         (reading).
         """
-        for i, rows, cols, _, _, b, local in self._region_moves(rank, [rank]):
-            index = (rows, cols) if isinstance(rows, slice) or isinstance(cols, slice) else numpy.ix_(rows, cols)
+        for i, index, _, _, b, local in self._region_moves(rank, [rank]):
             if to_regions:
                 regions[i][index] = part[b, local]
             else:
@@ -268,21 +270,15 @@ class ChunkPlan:
     def unpack_regions(self, rank, buffer, regions):
         """Assemble owner ``rank``'s ``regions`` (arrays of :meth:`region_shape`) from ``buffer``."""
         at = 0
-        for i, rows, cols, n, width, _, _ in self._region_moves(rank):
-            piece = buffer[at:at + n * width].reshape(n, width)
-            if isinstance(rows, slice) or isinstance(cols, slice):
-                regions[i][rows, cols] = piece
-            else:
-                regions[i][numpy.ix_(rows, cols)] = piece
+        for i, index, n, width, _, _ in self._region_moves(rank):
+            regions[i][index] = buffer[at:at + n * width].reshape(n, width)
             at += n * width
         return at
 
     def pack_regions(self, rank, regions, buffer):
         """The reverse of :meth:`unpack_regions`: cut owner ``rank``'s ``regions`` into ``buffer``."""
         at = 0
-        for i, rows, cols, n, width, _, _ in self._region_moves(rank):
-            target = buffer[at:at + n * width].reshape(n, width)
-            target[...] = regions[i][rows, cols] if isinstance(rows, slice) or isinstance(cols, slice) \
-                else regions[i][numpy.ix_(rows, cols)]
+        for i, index, n, width, _, _ in self._region_moves(rank):
+            buffer[at:at + n * width].reshape(n, width)[...] = regions[i][index]
             at += n * width
         return at
