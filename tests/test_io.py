@@ -12,7 +12,7 @@ import numpy
 import pytest
 from mpi4py import MPI
 
-from mpisphere import DistributedRealSHT, DistributedRealVectorSHT
+from mpisphere import DistributedRealSHT, DistributedRealVectorSHT, ProcessGrid
 from mpisphere.quadrature import latitudes
 
 zarr = pytest.importorskip("zarr")  # the io extra (Python 3.11 and newer)
@@ -20,7 +20,7 @@ xarray = pytest.importorskip("xarray")
 
 from mpisphere.io import FieldStore, checkpoint, open_checkpoint  # noqa: E402
 
-from helpers import sub_grids  # noqa: E402
+from helpers import every_rank, sub_grids  # noqa: E402
 
 pytestmark = pytest.mark.mpi
 
@@ -214,3 +214,57 @@ def test_an_interrupted_checkpoint_leaves_the_previous_one(grid, shared):
     grid.cart.Barrier()
     with pytest.raises(ValueError, match=f"CURRENT' is damaged.*|rank 0 of {grid.size}.*damaged"):
         open_checkpoint(path, grid)
+
+
+def _bad_write(case, grid, nlat, nlon):
+    """The arguments of ``write_tiles`` with one mistake, on the last rank only: ``(args, kwargs)``."""
+    tile = numpy.zeros((2,) + grid.local_shape(nlat, nlon))
+    good = ("w", tile, nlat, nlon), {"dims": ("time",)}
+    if grid.rank != grid.size - 1:
+        return good
+    return {
+        "name": (("a/b", tile, nlat, nlon), {"dims": ("time",)}),
+        "not an array": (("w", tile.tolist(), nlat, nlon), {"dims": ("time",)}),
+        "dtype": (("w", tile.astype(numpy.int32), nlat, nlon), {"dims": ("time",)}),
+        "dims": (("w", tile, nlat, nlon), {"dims": ("lat",)}),
+        "coords": (("w", tile, nlat, nlon), {"dims": ("time",), "coords": {"time": [0.0, 1.0, 2.0]}}),
+        "attrs": (("w", tile, nlat, nlon), {"dims": ("time",), "attrs": {"when": object()}}),
+    }[case]
+
+
+@pytest.mark.parametrize("case, message", [
+    ("name", "name must be a nonempty string without '/'"),
+    ("not an array", "expected a NumPy or CuPy array, got list"),
+    ("dtype", "int32"),
+    ("dims", r"dims must name the 1 leading axes once each \(not lat, lon\), got \('lat',\)"),
+    ("coords", r"coords\['time'\] must be numbers along a leading axis"),
+    ("attrs", "attrs must be JSON"),
+])
+def test_a_bad_write_on_one_rank_raises_on_every_rank(grid, shared, case, message):
+    nlat, nlon = 9, 16
+    store = FieldStore(os.path.join(shared, "bad.zarr"), grid, mode="w")
+    args, kwargs = _bad_write(case, grid, nlat, nlon)
+    with pytest.raises((TypeError, ValueError), match=f"rank {grid.size - 1} of {grid.size}: .*{message}"):
+        store.write_tiles(*args, **kwargs)
+    assert store.variables() == []  # nothing was written
+
+
+def test_writes_that_do_not_fit_the_store_raise_on_every_rank(grid, shared):
+    nlat, nlon = 9, 16
+    store = FieldStore(os.path.join(shared, "fit.zarr"), grid, mode="w")
+    store.write_tiles("v", numpy.zeros((1,) + grid.local_shape(nlat, nlon)), nlat, nlon, dims=("time",))
+    with pytest.raises(ValueError, match=f"{every_rank(grid.size)}: append=True extends the first leading axis"):
+        store.write_tiles("v", numpy.zeros(grid.local_shape(nlat, nlon)), nlat, nlon, append=True)
+    # rank 0 writes the metadata and finds it; every rank raises, naming rank 0
+    with pytest.raises(ValueError, match=f"rank 0 of {grid.size}: cannot append: 'v' holds"):
+        store.write_tiles("v", numpy.zeros((1,) + grid.local_shape(nlat, nlon), numpy.float32), nlat, nlon,
+                          dims=("time",), append=True)
+    with pytest.raises(ValueError, match="one store holds one grid"):
+        store.write_tiles("u", numpy.zeros(grid.local_shape(11, nlon)), 11, nlon)
+    with pytest.raises(TypeError, match=f"{every_rank(grid.size)}: attrs must be JSON"):
+        store.set_attrs({"when": object()})
+    with ProcessGrid(MPI.COMM_SELF) as alone:
+        other = DistributedRealSHT(alone, nlat, nlon)
+        if grid.size > 1:
+            with pytest.raises(TypeError, match="sht must be a distributed transform of this store's grid"):
+                store.write_coefficients("c", numpy.zeros(other.block_shape, complex), other)

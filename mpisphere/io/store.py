@@ -354,6 +354,8 @@ class FieldStore:
                     raise InputError("append=True extends the first leading axis; the field has none")
             except InputError as exc:
                 error = exc
+            except (TypeError, ValueError) as exc:  # attributes that are not JSON: this rank's finding too
+                error = InputError(str(exc), type(exc))
         described = (f"write {name!r} {meta} lead={lead} dtype={None if host is None else host.dtype} dims={dims} "
                      f"coords={ {d: v[0].tolist() for d, v in shaped.items()} } attrs={attrs} append={append}")
         self._settle(who, error, described)
@@ -477,11 +479,9 @@ class FieldStore:
             if tuple(array.chunks) != (1,) * len(lead) + (rows, parts.n1):
                 raise InputError(f"{name!r} has chunks {array.chunks}, not mpisphere's bands of whole rows")
         except KeyError:
-            error = InputError(f"no variable {name!r} in {self.path!r}", KeyError)
+            error = InputError(f"no variable {name!r} in {self.path!r}")
         except Exception as exc:  # noqa: BLE001
             error = _finding(exc, f"cannot open {name!r} in {self.path!r}")
-        if error is not None and error.kind is KeyError:
-            error = InputError(error.text, ValueError)
         self._settle(who, error)
         plan = ChunkPlan(parts, lead, rows)
         error, regions = None, []
