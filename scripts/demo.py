@@ -42,6 +42,7 @@ from mpi4py import MPI
 import mpisphere
 from mpisphere import DistributedInverseRealSHT, DistributedRealSHT, ProcessGrid, dottest
 from mpisphere.examples import AdamsBashforthHistory, ShallowWaterSolver
+from mpisphere.io.zarr_files import import_zarr
 from mpisphere.partition import chunk_slice
 from mpisphere.quadrature import latitudes
 
@@ -186,9 +187,9 @@ def plot_vorticity(vorticity, lats, lons, day, path):
 def zarr_missing():
     """Why the run writes no output: None when Zarr is installed."""
     try:
-        import zarr  # noqa: F401 -- only whether it is there
-    except ImportError:
-        return "Zarr is not installed: pip install 'mpisphere[io]' (or '.[io]' in a clone; Python 3.11 or newer)"
+        import_zarr()
+    except ImportError as exc:
+        return str(exc)
     return None
 
 

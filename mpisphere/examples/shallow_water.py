@@ -195,7 +195,6 @@ class ShallowWaterSolver(Described):
         self._orography_kind = "none" if orography is None else (orography if isinstance(orography, str)
                                                                   else "array")
         self.surface_geopotential = self.gravity * self.orography
-        self._flat = orography is None
 
         l = self.sht.local_degrees.astype(float)[:, None] * numpy.ones(self.sht.block_shape)
         m = self.sht.local_orders[None, :] * numpy.ones(self.sht.block_shape)
@@ -276,7 +275,7 @@ class ShallowWaterSolver(Described):
         fluxes = numpy.stack([uvgrid * absvort, uvgrid * ugrid[0]])
         tmpspec = self.vrtdivspec(fluxes)        # curl and divergence of both fluxes, one transform
         bernoulli = ugrid[0] + 0.5 * (uvgrid[0] ** 2 + uvgrid[1] ** 2)
-        energy = self.grid2spec(bernoulli if self._flat else bernoulli + self.surface_geopotential)
+        energy = self.grid2spec(bernoulli if self._orography_kind == "none" else bernoulli + self.surface_geopotential)
         dudtspec = numpy.empty_like(uspec)
         dudtspec[0] = -tmpspec[1, 1]
         dudtspec[1] = -tmpspec[0, 1]
