@@ -6,11 +6,12 @@
 
 For each truncation (T42, T63, T85, T170 on the usual 3/2-dealiased Gauss
 grids 64 x 128, 96 x 192, 128 x 256, 256 x 512) and each time scheme
-(explicit third-order Adams-Bashforth, and the semi-implicit scheme with
-the gravity waves by the trapezoidal rule), the script runs the case and,
-once a model day, computes the normalised l1, l2 and l-infinity errors of
-the free-surface height of Williamson et al. (1992, eqs. 82-84), on the
-run's own Gauss grid with its quadrature:
+(explicit third-order Adams-Bashforth, and semi-implicit leapfrog with a
+Robert-Asselin filter, the gravity waves about a resting reference depth
+implicit), the script runs the case and, once a model day, computes the
+normalised l1, l2 and l-infinity errors of the free-surface height of
+Williamson et al. (1992, eqs. 82-84), on the run's own Gauss grid with its
+quadrature:
 
     l1 = I(|h - h_ref|) / I(|h_ref|),  l2 = sqrt(I((h - h_ref)^2) / I(h_ref^2)),  linf = max|h - h_ref| / max|h_ref|
 
@@ -23,14 +24,11 @@ The reference is interpolated to each grid through its coefficients
 (truncated to the run's degrees, then synthesised on the run's grid).
 
 The steps: explicit near its stability limit (gravity waves plus the
-flow's speed at the truncation's highest degree), semi-implicit at five
-(case 2), two (case 5) and three (case 6) times that. The trapezoidal rule lifts the
-limit of the gravity waves of the resting reference depth only; the
-difference between the flow's depth and it stays with Adams-Bashforth,
-whose limit then holds the step (over case 5's 2000 m mountain the depth
-is 2000 m below the reference): four and five times were unstable at T85
-in case 5 with every reference depth tried (4500-8000 m), three times at
-T213. A run that blows up is recorded as such.
+flow's speed at the truncation's highest degree), semi-implicit five times
+that. A run that blows up is recorded as such. The results of the runs
+asked for replace those of the same scheme and truncation in
+``williamson-case<N>.json`` and leave the others (``--schemes semi-implicit``
+reruns one scheme only).
 """
 
 import argparse
@@ -44,7 +42,7 @@ import numpy
 from mpi4py import MPI
 
 from mpisphere import ProcessGrid
-from mpisphere.examples import AdamsBashforthHistory, ShallowWaterSolver
+from mpisphere.examples import ShallowWaterSolver
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs", "results")
 GRIDS = {42: (64, 128), 63: (96, 192), 85: (128, 256), 170: (256, 512), 213: (320, 640)}
@@ -53,7 +51,7 @@ DAYS = {2: 5, 5: 15, 6: 14}
 EXPLICIT_DT = {5: {42: 360.0, 63: 240.0, 85: 180.0, 170: 90.0, 213: 72.0},
                6: {42: 240.0, 63: 160.0, 85: 120.0, 170: 60.0, 213: 48.0},
                2: {42: 360.0, 63: 240.0, 85: 180.0, 170: 90.0, 213: 72.0}}
-SEMI_IMPLICIT_FACTOR = {2: 5, 5: 2, 6: 3}
+SEMI_IMPLICIT_FACTOR = {2: 5, 5: 5, 6: 5}
 REFERENCE_DEPTH = {2: 4000.0, 5: 6000.0, 6: 12000.0}  # at least the largest depth of each case (m)
 KEEP_DEGREES = 171  # the reference's coefficients kept: up to T170, the finest run compared
 
@@ -87,7 +85,7 @@ def run(grid, case, truncation, scheme, on_day, days):
     """Run the case, calling ``on_day(day, swe, uspec)`` once a model day (day 0 too); seconds per model day."""
     swe = build(grid, case, truncation, scheme)
     uspec = initial_state(swe, case)
-    history = AdamsBashforthHistory()  # the days continue one scheme, as one long run
+    history = swe.new_history()  # the days continue one scheme, as one long run
     steps = int(round(86400.0 / swe.dt))
     on_day(0, swe, uspec)
     start = time.perf_counter()
@@ -169,8 +167,7 @@ def main(argv=None):
     world = MPI.COMM_WORLD
     out = os.path.join(args.results, f"williamson-case{args.case}.json")
     days = DAYS[args.case] if args.days is None else min(args.days, DAYS[args.case])
-    results = {"case": args.case, "days": days, "ranks": world.size, "reference": args.reference,
-               "runs": []}
+    results = {"case": args.case, "days": days, "reference": args.reference, "runs": []}
     with ProcessGrid(world) as grid:
         ref = None if args.case == 2 else reference(grid, args.case, args.reference, days, args.recompute, args.results)
         for scheme in args.schemes.split(","):
@@ -197,7 +194,7 @@ def main(argv=None):
                     continue
                 results["runs"].append({"scheme": scheme, "truncation": truncation, "grid": GRIDS[truncation],
                                         "dt": time_step(args.case, truncation, scheme), "seconds_per_day": seconds,
-                                        "errors": rows})
+                                        "ranks": [grid.npolar, grid.nazimuth], "errors": rows})
                 if grid.rank == 0:
                     l1, l2, linf = rows[-1]
                     dt = time_step(args.case, truncation, scheme)
@@ -205,9 +202,23 @@ def main(argv=None):
                           f"day {days}: l1 {l1:.2e} l2 {l2:.2e} linf {linf:.2e}; "
                           f"{seconds:.2f} s per model day on {grid.npolar} x {grid.nazimuth}", flush=True)
         if grid.rank == 0:
-            with open(out, "w") as f:
-                json.dump(results, f, indent=1)
+            write_results(out, results)
     return 0
+
+
+def write_results(path, results):
+    """Write ``results``, keeping the runs of ``path`` of the same case, days and reference that it does not redo."""
+    runs = results["runs"]
+    if os.path.exists(path):
+        with open(path) as f:
+            before = json.load(f)
+        if all(before.get(key) == results[key] for key in ("case", "days", "reference")):
+            redone = {(r["scheme"], r["truncation"]) for r in runs}
+            runs = [r for r in before["runs"] if (r["scheme"], r["truncation"]) not in redone] + runs
+    order = {"explicit": 0, "semi-implicit": 1}
+    runs.sort(key=lambda r: (order.get(r["scheme"], 2), r["truncation"]))
+    with open(path, "w") as f:
+        json.dump(dict(results, runs=runs), f, indent=1)
 
 
 def plot():

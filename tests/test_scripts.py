@@ -5,6 +5,7 @@ that stops working, or hangs, fails here rather than in a user's hands.
 Nothing is timed.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -99,6 +100,10 @@ def test_williamson_runs_cases_against_their_references(tmp_path):
     assert "reference case 5 T63: day 1" in out and "case 5 T42  semi-implicit" in out, out
     again = launch(1, "williamson.py", *args, "--schemes", "explicit", cwd=tmp_path)  # the kept reference
     assert "reference case" not in again and "case 5 T42  explicit" in again, again
+    # the rerun of one scheme replaced its row and kept the other scheme's
+    runs = json.loads((tmp_path / "williamson-case5.json").read_text())["runs"]
+    assert [(r["scheme"], r["truncation"], r["ranks"]) for r in runs] == [
+        ("explicit", 42, [1, 1]), ("semi-implicit", 42, [2, 1])], runs
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "williamson-case2.json", "williamson-case5.json", "williamson-reference-case5-T63.npz"]
 

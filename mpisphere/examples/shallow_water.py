@@ -22,10 +22,11 @@ adjoint): third-order Adams-Bashforth, started as torch-harmonics starts
 it, with implicit hyperdiffusion on vorticity and divergence (an e-folding
 time of one hour at the highest degree, applied half a step).
 
-A semi-implicit variant (``scheme="semi-implicit"``) takes the linear
-gravity-wave terms about a resting reference depth by the trapezoidal
-rule (a 2 x 2 solve per degree) and the rest by the same weights; the
-tangent-linear and adjoint follow either scheme. Orography
+A semi-implicit variant (``scheme="semi-implicit"``) is the spectral
+models' leapfrog: the linear gravity-wave terms about a resting reference
+depth averaged over the two ends of each step (a 2 x 2 solve per degree),
+the rest explicit, and a Robert-Asselin filter; the tangent-linear and
+adjoint follow either scheme. Orography
 (``orography=``) enters the momentum equation only.
 
 Initial conditions: Galewsky et al. (2004)'s barotropically unstable jet
@@ -98,22 +99,26 @@ class ShallowWaterSolver(Described):
         gradient of the depth's geopotential plus ``gravity * orography``.
     scheme : {"explicit", "semi-implicit"}, keyword-only
         ``"explicit"``: torch-harmonics' third-order Adams-Bashforth (the
-        default, bit-compatible with it). ``"semi-implicit"``: the linear
-        gravity-wave terms about a resting state of depth ``havg``
-        (``d phi/dt = -g havg delta``, ``d delta/dt = -lap phi``) by the
-        trapezoidal rule, solved per degree in spectral space (a 2 x 2
-        system), the rest by the same Adams-Bashforth weights. The
-        trapezoidal rule removes the limit of the gravity waves of the
-        reference depth only: the part of the waves due to the flow's depth
-        differing from it stays explicit, and Adams-Bashforth's limit for
-        that part holds the step. Experimental: in Williamson's cases 5 and 6
-        it was unstable at two and three times the explicit step within 15
-        days, and in case 2 at five times beyond T42 (docs/williamson.md);
-        its tangent-linear and adjoint are exact. See ``reference_depth``.
+        default, bit-compatible with it). ``"semi-implicit"``: leapfrog
+        (steps of ``2 dt`` from the filtered state before) with the linear
+        gravity-wave terms about a resting state of depth
+        ``reference_depth`` (``d phi/dt = -g H delta``, ``d delta/dt = -lap
+        phi``) averaged over the ends of the step, solved per degree in
+        spectral space (a 2 x 2 system), the rest explicit, and a
+        Robert-Asselin filter of strength ``robert_asselin``; it starts
+        with one trapezoidal step. The gravity waves then no longer limit
+        ``dt``; the flow's speed does (docs/williamson.md: five times the
+        explicit step in Williamson's cases 2, 5 and 6). Its history is a
+        :class:`~mpisphere.examples.LeapfrogHistory`.
     reference_depth : float, keyword-only
         The semi-implicit scheme's resting depth (m); ``havg`` by default.
-        It should be at least the largest depth of the flow: the part of
-        the waves left to the explicit step is then damped, not amplified.
+        The scheme is stable for a reference of at least half the flow's
+        largest depth (Simmons, Hoskins and Burridge 1978); a reference near
+        the largest depth is the usual choice.
+    robert_asselin : float, keyword-only
+        The semi-implicit scheme's filter strength (0.05 by default): it
+        damps leapfrog's computational mode, at the cost of first-order
+        damping of the physical one.
 
     Attributes
     ----------
@@ -154,7 +159,8 @@ class ShallowWaterSolver(Described):
 
     def __init__(self, grid, nlat, nlon, dt, lmax=None, mmax=None, *, quadrature="equiangular",
                  radius=6.37122e6, omega=7.292e-5, gravity=9.80616, havg=10.0e3, hamp=120.0,
-                 orders="contiguous", orography=None, scheme="explicit", reference_depth=None):
+                 orders="contiguous", orography=None, scheme="explicit", reference_depth=None,
+                 robert_asselin=0.05):
         error = None
         if scheme not in SCHEMES:
             error = InputError(f"scheme must be {' or '.join(map(repr, SCHEMES))}, got {scheme!r}")
@@ -173,6 +179,7 @@ class ShallowWaterSolver(Described):
         self.radius, self.omega, self.gravity = float(radius), float(omega), float(gravity)
         self.havg, self.hamp = float(havg), float(hamp)
         self.reference_depth = self.havg if reference_depth is None else float(reference_depth)
+        self.robert_asselin = float(robert_asselin)
         options = dict(quadrature=quadrature, csphase=False, orders=orders)
         self.sht = DistributedRealSHT(grid, nlat, nlon, lmax, mmax, **options)
         self.isht = DistributedInverseRealSHT(grid, nlat, nlon, lmax, mmax, **options)
@@ -283,24 +290,35 @@ class ShallowWaterSolver(Described):
         return dudtspec, numpy.stack([ugrid[0], absvort, uvgrid[0], uvgrid[1]])
 
     def timestep(self, uspec, nsteps, history=None):
-        """Integrate ``nsteps`` steps: Adams-Bashforth 3 (started as torch-harmonics starts it), hyperdiffusion.
+        """Integrate ``nsteps`` steps of the model's scheme, with hyperdiffusion; returns the new state.
 
-        See :mod:`~mpisphere.examples.time_stepping` for the weights of each
-        step; the hyperdiffusion is implicit, on vorticity and divergence.
+        The explicit scheme is Adams-Bashforth 3 (started as torch-harmonics
+        starts it); the semi-implicit one leapfrog (see ``scheme``, and
+        :mod:`~mpisphere.examples.time_stepping` for both); the
+        hyperdiffusion is implicit, on vorticity and divergence.
 
         Parameters
         ----------
         uspec : ndarray, shape ``(3, l_loc, m_loc)``
         nsteps : int
-        history : AdamsBashforthHistory, optional
+        history : AdamsBashforthHistory or LeapfrogHistory, optional
             Continue the scheme where an earlier call stopped (updated in
-            place; start with ``AdamsBashforthHistory()``): calls sharing one
+            place; start with :meth:`new_history`): calls sharing one
             history take the steps of one long call, bit for bit, and
             :meth:`save` keeps it for a restart. Without one, every call
-            starts the scheme afresh with a forward-Euler step, as
+            starts the scheme afresh with its first step, as
             torch-harmonics' ``timestep`` does.
         """
+        kind = type(self.new_history())
+        error = None if history is None or isinstance(history, kind) else InputError(
+            f"history must be a {kind.__name__} for the {self.scheme} scheme (or None), "
+            f"got {type(history).__name__}")
+        settle(self.grid.cart, "ShallowWaterSolver.timestep", error)
         return self._integrate(uspec, nsteps, None, history)
+
+    def new_history(self):
+        """A fresh history for this model's scheme: an ``AdamsBashforthHistory`` or a ``LeapfrogHistory``."""
+        return time_stepping.AdamsBashforthHistory() if self._implicit is None else time_stepping.LeapfrogHistory()
 
     def diffuse(self, uspec):
         """The implicit hyperdiffusion of one step on vorticity and divergence, in place; returns ``uspec``.
@@ -317,14 +335,15 @@ class ShallowWaterSolver(Described):
             if trajectory is not None:
                 trajectory.append(fields)
             return dudt
-        return time_stepping.integrate(uspec, nsteps, self.dt, tendency, self.diffuse, history, self._implicit)
+        if self._implicit is None:
+            return time_stepping.integrate(uspec, nsteps, self.dt, tendency, self.diffuse, history)
+        return time_stepping.integrate_leapfrog(uspec, nsteps, self.dt, tendency, self.diffuse, self._implicit,
+                                                self.robert_asselin, history)
 
     def _gravity_waves(self):
         """The semi-implicit scheme's linear part: gravity waves about a resting depth (per degree)."""
-        half = 0.5 * self.dt
         depth = self.gravity * self.reference_depth  # the reference geopotential
         eigen = -self.lap                    # l (l + 1) / radius^2 on the block
-        det = 1.0 + half * half * depth * eigen
 
         def apply(x):  # L (phi, zeta, delta) = (-depth delta, 0, eigen phi)
             out = numpy.zeros_like(x)
@@ -338,16 +357,16 @@ class ShallowWaterSolver(Described):
             out[..., 2, :, :] = -depth * x[..., 0, :, :]
             return out
 
-        def solve(r):  # (I - dt/2 L)^-1 r
+        def solve(r, tau):  # (I - tau L)^-1 r
             out = r.copy()
-            out[..., 2, :, :] = (r[..., 2, :, :] + half * eigen * r[..., 0, :, :]) / det
-            out[..., 0, :, :] = r[..., 0, :, :] - half * depth * out[..., 2, :, :]
+            out[..., 2, :, :] = (r[..., 2, :, :] + tau * eigen * r[..., 0, :, :]) / (1.0 + tau * tau * depth * eigen)
+            out[..., 0, :, :] = r[..., 0, :, :] - tau * depth * out[..., 2, :, :]
             return out
 
-        def solve_adjoint(r):  # (I - dt/2 L)^-T r
+        def solve_adjoint(r, tau):  # (I - tau L)^-T r
             out = r.copy()
-            out[..., 2, :, :] = (r[..., 2, :, :] - half * depth * r[..., 0, :, :]) / det
-            out[..., 0, :, :] = r[..., 0, :, :] + half * eigen * out[..., 2, :, :]
+            out[..., 2, :, :] = (r[..., 2, :, :] - tau * depth * r[..., 0, :, :]) / (1.0 + tau * tau * depth * eigen)
+            out[..., 0, :, :] = r[..., 0, :, :] + tau * eigen * out[..., 2, :, :]
             return out
 
         return time_stepping.ImplicitPart(apply, apply_adjoint, solve, solve_adjoint)
@@ -359,7 +378,8 @@ class ShallowWaterSolver(Described):
         return {"nlat": int(self.nlat), "nlon": int(self.nlon), "lmax": int(self.lmax), "mmax": int(self.mmax),
                 "quadrature": self.sht.quadrature, "dt": self.dt, "radius": self.radius, "omega": self.omega,
                 "gravity": self.gravity, "havg": self.havg, "hamp": self.hamp, "scheme": self.scheme,
-                "reference_depth": self.reference_depth, "orography": self._orography_kind}
+                "reference_depth": self.reference_depth, "robert_asselin": self.robert_asselin,
+                "orography": self._orography_kind}
 
     def save(self, path, uspec, history=None, *, keep=2):
         """Write a checkpoint: the state, the scheme's history, the step, the time and the parameters. Collective.
@@ -375,26 +395,34 @@ class ShallowWaterSolver(Described):
             The checkpoint directory (every rank sees it).
         uspec : ndarray, shape ``(3, l_loc, m_loc)``
             This rank's block of the state.
-        history : AdamsBashforthHistory, optional
+        history : AdamsBashforthHistory or LeapfrogHistory, optional
             The run's history (see :meth:`timestep`); without one the
             checkpoint restarts the scheme afresh, like a new run.
         keep : int
             Versions kept at ``path``.
         """
-        history = time_stepping.AdamsBashforthHistory() if history is None else history
-        steps = sorted(history.tendencies, reverse=True)
+        history = self.new_history() if history is None else history
+        error = None if isinstance(history, type(self.new_history())) else InputError(
+            f"history must be a {type(self.new_history()).__name__} for the {self.scheme} scheme, "
+            f"got {type(history).__name__}")
+        settle(self.grid.cart, f"ShallowWaterSolver.save({str(path)!r})", error)
+        steps = sorted(getattr(history, "tendencies", {}), reverse=True)
+        previous = getattr(history, "previous", None)
         fields = ["geopotential (m^2/s^2)", "vorticity (1/s)", "divergence (1/s)"]
         with checkpoint(path, self.grid, keep=keep) as store:
             store.write_coefficients("state", uspec, self.sht, dims=("field",), attrs={"fields": fields})
             for i, n in enumerate(steps):
                 store.write_coefficients(f"tendency_{i + 1}", history.tendencies[n], self.sht, dims=("field",),
                                          attrs={"step": n, "fields": fields})
+            if previous is not None:
+                store.write_coefficients("previous", previous, self.sht, dims=("field",),
+                                         attrs={"fields": fields, "meaning": "the filtered state one step before"})
             if self._orography_kind == "array":
                 store.write_tiles("orography", self.orography, self.nlat, self.nlon, self.sht.quadrature,
                                   attrs={"units": "m"})
             store.set_attrs({"model": "mpisphere.examples.ShallowWaterSolver", "parameters": self.parameters(),
                              "step": history.step, "time_seconds": history.step * self.dt,
-                             "tendency_steps": steps})
+                             "tendency_steps": steps, "has_previous": previous is not None})
 
     def load(self, path):
         """Read the current checkpoint at ``path`` onto this model's grid: ``(uspec, history)``. Collective.
@@ -421,6 +449,9 @@ class ShallowWaterSolver(Described):
                 "the checkpoint's orography differs from this model's on this rank's tile")
             settle(self.grid.cart, f"ShallowWaterSolver.load({path!r})", error)
         uspec = store.read_coefficients("state", self.sht)
+        if self._implicit is not None:
+            previous = store.read_coefficients("previous", self.sht) if attrs.get("has_previous", False) else None
+            return uspec, time_stepping.LeapfrogHistory(attrs["step"], previous)
         tendencies = {int(n): store.read_coefficients(f"tendency_{i + 1}", self.sht)
                       for i, n in enumerate(attrs["tendency_steps"])}
         return uspec, time_stepping.AdamsBashforthHistory(attrs["step"], tendencies)

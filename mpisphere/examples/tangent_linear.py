@@ -145,12 +145,19 @@ class TangentLinearModel(LinearOperator):
     # --- the time loop ----------------------------------------------------------------------------
 
     def _tl(self, du):
-        return time_stepping.integrate(du, self.nsteps, self.solver.dt, self._jacobian, self.solver.diffuse,
-                                       implicit=self.solver._implicit)
+        s = self.solver
+        if s._implicit is None:
+            return time_stepping.integrate(du, self.nsteps, s.dt, self._jacobian, s.diffuse)
+        return time_stepping.integrate_leapfrog(du, self.nsteps, s.dt, self._jacobian, s.diffuse, s._implicit,
+                                                s.robert_asselin)
 
     def _ad(self, au):
-        return time_stepping.integrate_adjoint(au, self.nsteps, self.solver.dt, self._jacobian_adjoint,
-                                               self._diffuse_adjoint, implicit=self.solver._implicit)
+        s = self.solver
+        if s._implicit is None:
+            return time_stepping.integrate_adjoint(au, self.nsteps, s.dt, self._jacobian_adjoint,
+                                                   self._diffuse_adjoint)
+        return time_stepping.integrate_leapfrog_adjoint(au, self.nsteps, s.dt, self._jacobian_adjoint,
+                                                        self._diffuse_adjoint, s._implicit, s.robert_asselin)
 
     def _diffuse_adjoint(self, a):
         a[..., 1:, :, :] = self.solver.hyperdiffusion.H.forward(a[..., 1:, :, :])

@@ -1,25 +1,35 @@
-"""The shallow-water model's time scheme, one module for the model, its tangent-linear and its adjoint.
+"""The shallow-water model's time schemes, one module for the model, its tangent-linear and its adjoint.
 
-The scheme is torch-harmonics' (its 0.9.3 shallow-water example): third-order
-Adams-Bashforth started with forward Euler and a first-order second step,
-then an implicit diffusion ``D``::
+The explicit scheme is torch-harmonics' (its 0.9.3 shallow-water example):
+third-order Adams-Bashforth started with forward Euler and a first-order
+second step, then an implicit diffusion ``D``::
 
     u_{n+1} = D (u_n + dt sum_j c_{n,j} f(u_{n-j}))
 
-with the weights ``c`` of :func:`adams_bashforth`. The semi-implicit
-variant (an :class:`ImplicitPart` given) treats a linear part ``L`` of the
-tendency (the gravity waves) with the trapezoidal rule and the rest with
-the same Adams-Bashforth weights::
+with the weights ``c`` of :func:`adams_bashforth` (:func:`integrate`).
 
-    u_{n+1} = D S ((I + dt/2 L) u_n + dt sum_j c_{n,j} (f - L)(u_{n-j})),   S = (I - dt/2 L)^-1 The nonlinear model and
-its tangent-linear run :func:`integrate` (with ``f`` the tendency or its
-Jacobian at step ``n``); the adjoint runs :func:`integrate_adjoint`, the
-same recurrence transposed: backwards in time, applying each step's
-``F_k^T`` once to the sum of what the (up to three) steps that used
-``F_k du_k`` send back.
+The semi-implicit scheme (:func:`integrate_leapfrog`) is the spectral
+models' (STSWM's): leapfrog with a linear part ``L`` of the tendency (the
+gravity waves) averaged over the two ends of the step, and a
+Robert-Asselin filter of strength ``alpha``::
+
+    u_{n+1} = D^2 S_dt ((I + dt L) v_{n-1} + 2 dt (f - L)(u_n)),   S_tau = (I - tau L)^-1
+    v_n     = u_n + alpha (v_{n-1} - 2 u_n + u_{n+1})
+
+where ``v`` is the filtered state; its first step is the trapezoidal one
+of length ``dt``, ``u_1 = D S_{dt/2} (u_0 + dt f(u_0) - dt/2 L u_0)``,
+and ``v_0 = u_0``.
+
+The nonlinear model and its tangent-linear run the same functions (with
+``f`` the tendency or its Jacobian at step ``n``); the adjoint runs the
+recurrences transposed, backwards in time (:func:`integrate_adjoint`,
+:func:`integrate_leapfrog_adjoint`).
 """
 
-__all__ = ["AdamsBashforthHistory", "ImplicitPart", "adams_bashforth", "integrate", "integrate_adjoint"]
+import numpy
+
+__all__ = ["AdamsBashforthHistory", "ImplicitPart", "LeapfrogHistory", "adams_bashforth", "integrate",
+           "integrate_adjoint", "integrate_leapfrog", "integrate_leapfrog_adjoint"]
 
 
 class ImplicitPart:
@@ -30,7 +40,7 @@ class ImplicitPart:
     apply, apply_adjoint : callable
         ``L x`` and ``L^T x`` (new arrays).
     solve, solve_adjoint : callable
-        ``(I - dt/2 L)^-1 x`` and its transpose (new arrays).
+        ``solve(x, tau)``: ``(I - tau L)^-1 x``, and its transpose (new arrays).
     """
 
     def __init__(self, apply, apply_adjoint, solve, solve_adjoint):
@@ -79,7 +89,7 @@ def adams_bashforth(step):
     return [(0, 23.0 / 12.0), (1, -16.0 / 12.0), (2, 5.0 / 12.0)]
 
 
-def integrate(state, nsteps, dt, tendency, diffuse, history=None, implicit=None):
+def integrate(state, nsteps, dt, tendency, diffuse, history=None):
     """``nsteps`` steps of the scheme from ``state``; returns the final state.
 
     Parameters
@@ -96,23 +106,14 @@ def integrate(state, nsteps, dt, tendency, diffuse, history=None, implicit=None)
         function's own), returning it.
     history : AdamsBashforthHistory, optional
         Continue from it (updated in place); without one the scheme starts
-        afresh at step 0. It holds what the scheme extrapolates: ``f`` in
-        the explicit scheme, ``f - L`` in the semi-implicit one.
-    implicit : ImplicitPart, optional
-        The semi-implicit scheme's ``L``; without, the explicit scheme.
+        afresh at step 0.
     """
     first = 0 if history is None else history.step
     tendencies = {} if history is None else dict(history.tendencies)
     for n in range(first, first + nsteps):
-        if implicit is None:
-            tendencies[n] = tendency(n, state)
-            increment = sum(weight * tendencies[n - lag] for lag, weight in adams_bashforth(n))
-            state = diffuse(state + dt * increment)
-        else:
-            linear = implicit.apply(state)
-            tendencies[n] = tendency(n, state) - linear
-            increment = sum(weight * tendencies[n - lag] for lag, weight in adams_bashforth(n))
-            state = diffuse(implicit.solve(state + (0.5 * dt) * linear + dt * increment))
+        tendencies[n] = tendency(n, state)
+        increment = sum(weight * tendencies[n - lag] for lag, weight in adams_bashforth(n))
+        state = diffuse(state + dt * increment)
         tendencies.pop(n - 2, None)
     if history is not None:
         history.step = first + nsteps
@@ -120,7 +121,7 @@ def integrate(state, nsteps, dt, tendency, diffuse, history=None, implicit=None)
     return state
 
 
-def integrate_adjoint(adjoint, nsteps, dt, tendency_adjoint, diffuse_adjoint, implicit=None):
+def integrate_adjoint(adjoint, nsteps, dt, tendency_adjoint, diffuse_adjoint):
     """The adjoint of :func:`integrate`'s linear recurrence (the tangent-linear one) applied to ``adjoint``.
 
     Parameters
@@ -132,21 +133,97 @@ def integrate_adjoint(adjoint, nsteps, dt, tendency_adjoint, diffuse_adjoint, im
     diffuse_adjoint : callable
         ``diffuse_adjoint(a)``: ``D^T a``, in place on ``a`` (an array of this
         function's own), returning it.
-    implicit : ImplicitPart, optional
-        The semi-implicit scheme's ``L`` (as in :func:`integrate`).
     """
     a = adjoint.copy()
-    pending = {}  # step k -> what the steps that used F_k du_k (or (F_k - L) du_k) send back to it
+    pending = {}  # step k -> what the steps that used F_k du_k send back to it
     for n in range(nsteps - 1, -1, -1):
         w = diffuse_adjoint(a)  # D^T a_{n+1}; a is not used again
-        if implicit is not None:
-            w = implicit.solve_adjoint(w)
         for lag, weight in adams_bashforth(n):
             contribution = (dt * weight) * w
             pending[n - lag] = pending[n - lag] + contribution if n - lag in pending else contribution
         back = pending.pop(n)
-        if implicit is None:
-            a = w + tendency_adjoint(n, back)
-        else:
-            a = w + tendency_adjoint(n, back) + implicit.apply_adjoint((0.5 * dt) * w - back)
+        a = w + tendency_adjoint(n, back)
     return a
+
+
+class LeapfrogHistory:
+    """What the semi-implicit leapfrog remembers between calls: the steps taken and the filtered previous state.
+
+    The counterpart of :class:`AdamsBashforthHistory` for
+    :func:`integrate_leapfrog` (``ShallowWaterSolver(scheme="semi-implicit")``).
+
+    Attributes
+    ----------
+    step : int
+        Steps taken so far (the next step's number).
+    previous : ndarray or None
+        The filtered state of the step before the current one (``v_{n-1}``),
+        this rank's block; None before the first step.
+    """
+
+    def __init__(self, step=0, previous=None):
+        self.step = int(step)
+        self.previous = previous
+
+    def __repr__(self):
+        return f"LeapfrogHistory(step={self.step}, {'no' if self.previous is None else 'a'} previous state)"
+
+
+def _diffuse_twice(diffuse, x):
+    return diffuse(diffuse(x))
+
+
+def integrate_leapfrog(state, nsteps, dt, tendency, diffuse, implicit, alpha, history=None):
+    """``nsteps`` steps of the semi-implicit leapfrog (see the module's docstring); returns the final state.
+
+    Parameters
+    ----------
+    state : ndarray
+        The state at the first step (not modified).
+    nsteps : int
+    dt : float
+        The step (a leapfrog step spans ``2 dt``).
+    tendency, diffuse : callable
+        As in :func:`integrate`; ``diffuse`` is one step's (applied twice per leapfrog step).
+    implicit : ImplicitPart
+        ``L``, the part averaged over the ends of each step.
+    alpha : float
+        The Robert-Asselin filter's strength.
+    history : LeapfrogHistory, optional
+        Continue from it (updated in place); without one the scheme starts
+        afresh at step 0.
+    """
+    first = 0 if history is None else history.step
+    previous = None if history is None else history.previous
+    for n in range(first, first + nsteps):
+        explicit = tendency(n, state) - implicit.apply(state)
+        if n == 0:
+            new = diffuse(implicit.solve(state + (0.5 * dt) * implicit.apply(state) + dt * explicit, 0.5 * dt))
+            previous = state
+        else:
+            new = _diffuse_twice(diffuse, implicit.solve(previous + dt * implicit.apply(previous)
+                                                         + (2.0 * dt) * explicit, dt))
+            previous = state + alpha * (previous - 2.0 * state + new)
+        state = new
+    if history is not None:
+        history.step = first + nsteps
+        history.previous = previous
+    return state
+
+
+def integrate_leapfrog_adjoint(adjoint, nsteps, dt, tendency_adjoint, diffuse_adjoint, implicit, alpha):
+    """The adjoint of :func:`integrate_leapfrog`'s linear recurrence (from step 0) applied to ``adjoint``.
+
+    The forward recurrence carries ``(v_{n-1}, u_n)``; its transpose carries
+    their adjoints ``(b, a)`` back from ``(0, adjoint)`` at the last step.
+    """
+    a = adjoint.copy()
+    b = numpy.zeros_like(a)  # the adjoint of the filtered previous state: zero after the last step
+    for n in range(nsteps - 1, 0, -1):
+        w = implicit.solve_adjoint(_diffuse_twice(diffuse_adjoint, a + alpha * b), dt)
+        a, b = ((1.0 - 2.0 * alpha) * b + (2.0 * dt) * (tendency_adjoint(n, w) - implicit.apply_adjoint(w)),
+                alpha * b + w + dt * implicit.apply_adjoint(w))
+    if nsteps == 0:
+        return a
+    w = implicit.solve_adjoint(diffuse_adjoint(a), 0.5 * dt)
+    return b + w + dt * tendency_adjoint(0, w) - (0.5 * dt) * implicit.apply_adjoint(w)
