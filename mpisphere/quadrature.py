@@ -229,7 +229,11 @@ def truncate_sht(nlat, nlon, lmax=None, mmax=None, quadrature="equiangular"):
     (int, int)
         ``(lmax, mmax)`` after triangular truncation: both are
         ``min(lmax, mmax)``, also when both were given, so every degree kept
-        has all its orders.
+        has all its orders. Requests beyond the grid are kept, as
+        torch-harmonics keeps them: ``mmax`` above ``nlon // 2 + 1`` makes
+        the transforms zero-pad the orders the longitudes cannot hold
+        (analysis) and drop them (synthesis); ``lmax`` above the rule's
+        exact degree gives degrees the quadrature does not integrate exactly.
 
     Examples
     --------
@@ -239,6 +243,8 @@ def truncate_sht(nlat, nlon, lmax=None, mmax=None, quadrature="equiangular"):
     (32, 32)
     >>> truncate_sht(32, 64, lmax=20, mmax=17, quadrature="legendre-gauss")
     (17, 17)
+    >>> truncate_sht(32, 64, lmax=64, mmax=64, quadrature="legendre-gauss")  # orders 33-63 zero-padded
+    (64, 64)
     """
     for name, value in (("lmax", lmax), ("mmax", mmax)):
         if value is not None and (not isinstance(value, (int, numpy.integer)) or isinstance(value, bool)

@@ -5,7 +5,7 @@
     the unnormalised ``irfft``), with exact adjoints.
 :class:`Truncation`
     keep the first ``mmax`` orders of a spectrum (a view), adjoint: pad with
-    zeros.
+    zeros (the other way round when ``mmax`` exceeds the spectrum's orders).
 """
 
 import functools
@@ -39,7 +39,7 @@ def resolve_fft(name):
         import ducc0.fft  # noqa: F401
     except ImportError:
         if name == "ducc0":
-            raise ImportError("fft='ducc0' needs ducc0: pip install 'mpisphere[ducc0]'") from None
+            raise ImportError("fft='ducc0' needs ducc0: pip install '.[ducc0]' in the mpisphere clone") from None
         return "numpy"
     return "ducc0"
 
@@ -192,6 +192,10 @@ class FourierStage(LocalStage):
 class Truncation(LocalStage):
     """Keep ``mmax`` of ``half`` orders: ``forward`` a restriction, ``adjoint`` zero padding.
 
+    With ``mmax > half`` (more orders asked for than the longitudes resolve)
+    the roles swap, as torch-harmonics does it: ``forward`` pads the orders
+    past ``half`` with zeros, ``adjoint`` drops them.
+
     Parameters
     ----------
     mmax, half : int
@@ -251,20 +255,27 @@ class Truncation(LocalStage):
             backend.array_module(x).take(x, index, axis=-1, out=out)
 
     def _run(self, direction, x, out, context):
+        kept = min(self.mmax, self.half)  # with mmax > half the orders past half are zeros (torch-harmonics pads)
         if direction == FORWARD:
             if self.permuted:
-                self._take(x, self._index(x, 0), out)
+                index = self._index(x, 0)
+                if kept < self.mmax:
+                    self._take(x, backend.array_module(x).minimum(index, self.half - 1), out)
+                    out[..., index >= self.half] = 0
+                else:
+                    self._take(x, index, out)
             else:
-                out[...] = x[..., :self.mmax]
+                out[..., :kept] = x[..., :kept]
+                out[..., kept:] = 0
         else:
-            out[..., self.mmax:] = 0
+            out[..., kept:] = 0
             if self.permuted:  # out[..., orders] = x, as a gather by the inverse permutation (faster than a scatter)
-                self._take(x, self._index(x, 1), out[..., :self.mmax])
+                self._take(x, self._index(x, 1)[:kept], out[..., :kept])
             else:
-                out[..., :self.mmax] = x
+                out[..., :kept] = x[..., :kept]
 
     def abilities(self, direction):
-        if self.permuted:
+        if self.permuted or self.mmax > self.half:
             return Abilities()
         if direction == FORWARD:
             return Abilities(view=self.view)

@@ -43,13 +43,16 @@ the Legendre step; all give the same coefficients to rounding:
     transforms do the same.
 ``"table-free"``
     the reduce-scatter pattern with no tables at all: ducc0 evaluates the
-    functions on the fly (scalar and vector transforms, host arrays), for grids whose
-    tables fit nowhere (2049 x 4096 and finer). Batch and
-component axes travel together through the transposes; only the batch is
-split over ranks, never the two components of a vector field.
+    functions on the fly (scalar and vector transforms, host arrays), for
+    grids whose tables fit nowhere (2049 x 4096 and finer).
+
+Batch and component axes travel together through the transposes; only the
+batch is split over ranks, never the two components of a vector field.
 """
 
 import math
+
+import inspect
 
 import numpy
 
@@ -74,6 +77,22 @@ from .tables import scalar_tables
 __all__ = ["Transform", "DistributedRealSHT", "DistributedInverseRealSHT"]
 
 
+class _ConstructorSignature:
+    """The class's ``__signature__``: its ``__init__``'s, as ``inspect.signature`` and Sphinx should show.
+
+    The transforms define ``__new__(cls, *args, **kwargs)`` (to teach the
+    torch-harmonics spelling), which ``inspect.signature`` would show
+    instead. On instances the attribute is absent, so the signature of a
+    transform object stays that of its ``__call__``.
+    """
+
+    def __get__(self, obj, cls):
+        if obj is not None:
+            raise AttributeError("__signature__")
+        signature = inspect.signature(cls.__init__)
+        return signature.replace(parameters=list(signature.parameters.values())[1:])
+
+
 def _reject_torch_harmonics_call(cls, args, kwargs):
     """Teach the torch-harmonics spelling instead of failing on Python's argument binding."""
     grid = kwargs.get("grid", args[0] if args else None)
@@ -95,6 +114,8 @@ class Transform(LinearOperator):
     _synthesis = False     # an inverse transform: coefficients in, fields out
     _components = 1        # 2 for vector fields
     _table_kind = None     # "analysis" or "synthesis"
+
+    __signature__ = _ConstructorSignature()
 
     def __new__(cls, *args, **kwargs):
         _reject_torch_harmonics_call(cls, args, kwargs)
@@ -129,10 +150,8 @@ class Transform(LinearOperator):
             raise type(exc)(f"{who}: {exc}") from None
         self.dtype = check_dtype(dtype, "transformed", "dtype", who)
         self.cdtype = dtypes.complex_of(self.dtype)
-        half = self.nlon // 2 + 1
-        if self.mmax > half:
-            raise ValueError(f"{who}: mmax={self.mmax} exceeds the nlon // 2 + 1 = {half} orders "
-                             f"a real FFT of {self.nlon} longitudes has")
+        # mmax may exceed the nlon // 2 + 1 orders the longitudes resolve: the orders past them are zero in the
+        # analysis and ignored by the synthesis (torch-harmonics' zero padding; the Truncation stage)
         for name, extent, ranks, axis in (("nlat", self.nlat, grid.npolar, "polar"),
                                           ("nlon", self.nlon, grid.nazimuth, "azimuth"),
                                           ("lmax", self.lmax, grid.npolar, "polar"),
@@ -270,6 +289,9 @@ class Transform(LinearOperator):
     def _shapes(self, lead):
         domain, range_ = self._sides()
         return tuple(lead) + self._core(domain), tuple(lead) + self._core(range_)
+
+    def _dtypes(self):
+        return tuple(self.dtype if side == "grid" else self.cdtype for side in self._sides())
 
     def _output(self, direction, spec):
         side_in, side_out = self._sides() if direction == FORWARD else self._sides()[::-1]
@@ -450,7 +472,7 @@ class DistributedRealSHT(Transform):
         computation must use the same layout; compositions check it.
     fft : {"auto", "numpy", "ducc0"}, keyword-only
         The real FFTs of NumPy arrays: ducc0's (about twice as fast as
-        NumPy's on one core; ``pip install 'mpisphere[ducc0]'``) when
+        NumPy's on one core; ``pip install '.[ducc0]'``) when
         installed (``"auto"``), else NumPy's. CuPy arrays use ``cupy.fft``.
     legendre : {"auto", "transpose", "reduce-scatter", "table-free"}, keyword-only
         How the Legendre step is spread over the polar ranks (see the module
