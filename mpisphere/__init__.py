@@ -51,7 +51,7 @@ _PUBLIC = {
     "DistributedRealSHT": "sht",
     "DistributedInverseRealSHT": "sht",
     "DistributedRealVectorSHT": "sht",
-    "calculus": "sht",
+    "calculus": "calculus",
     "DistributedInverseRealVectorSHT": "sht",
     "select_device": "devices",
     "Described": "agreement",
@@ -65,7 +65,8 @@ def __getattr__(name):
     module = _PUBLIC.get(name)
     if module is None:
         raise AttributeError(f"module 'mpisphere' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    imported = importlib.import_module(f".{module}", __name__)
+    value = imported if module == name else getattr(imported, name)  # a module that is itself a public name
     globals()[name] = value  # later lookups skip this function
     return value
 

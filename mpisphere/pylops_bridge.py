@@ -1,8 +1,8 @@
-"""An operator as a pylops-mpi ``MPILinearOperator`` on ``DistributedArray``s of this rank's pieces.
+"""An operator as a pylops-mpi ``MPILinearOperator`` on ``DistributedArray`` objects of this rank's pieces.
 
-pylops-mpi (``pip install 'mpisphere[pylops]'``, imported when called)
+pylops-mpi (``pip install '.[pylops]'``, imported when called)
 ships distributed solvers (``cg``, ``cgls``, proximal methods) over
-``DistributedArray``s: each rank holds a local part, dot products sum over
+``DistributedArray`` objects: each rank holds a local part, dot products sum over
 the ranks. :func:`asmpilinearoperator` makes any distributed mpisphere
 operator one of its operators: a point's local part is this rank's piece
 (tile, block), flattened, complex arrays as their ``(re, im)`` pairs (as in
@@ -19,6 +19,7 @@ import numpy
 
 from . import collectives
 from .operators import DISTRIBUTED, LinearOperator
+from .operators import domain_dtype as operator_domain_dtype
 from .scipy_bridge import as_pairs, from_pairs, pairs_size
 
 __all__ = ["asmpilinearoperator", "to_distributed", "from_distributed"]
@@ -43,7 +44,7 @@ def to_distributed(piece, comm):
     return array
 
 
-def asmpilinearoperator(op, lead=(), dtype=numpy.float64):
+def asmpilinearoperator(op, lead=(), dtype=None):
     """``op`` as a real ``pylops_mpi.MPILinearOperator`` over the ranks its inner product sums over.
 
     Parameters
@@ -52,15 +53,17 @@ def asmpilinearoperator(op, lead=(), dtype=numpy.float64):
         With distributed domain and range (each rank its own piece).
     lead : tuple of int
         Leading axes of the points (``op.domain_shape(lead)``).
-    dtype : numpy dtype
-        Of the domain; the range's follows from one call.
+    dtype : numpy dtype, optional
+        Of the domain; by default the dtype the operator takes where it
+        fixes one (the transforms), else float64. The range's follows from
+        one call.
 
     Returns
     -------
     pylops_mpi.MPILinearOperator
         Real, of global shape ``(M, N)`` (the sums of the ranks' flattened
         pieces, complex counted twice). ``matvec`` and ``rmatvec`` take and
-        return ``DistributedArray``s whose local parts are this rank's
+        return ``DistributedArray`` objects whose local parts are this rank's
         pieces (:func:`to_distributed`, :func:`from_distributed`).
 
     Notes
@@ -80,7 +83,7 @@ def asmpilinearoperator(op, lead=(), dtype=numpy.float64):
     from pylops_mpi import DistributedArray, MPILinearOperator
 
     comm = op.domain.space
-    domain_dtype = numpy.dtype(dtype)
+    domain_dtype = operator_domain_dtype(op, dtype)
     domain_shape = tuple(op.domain_shape(tuple(lead)))
     probe = op.forward(numpy.zeros(domain_shape, domain_dtype))
     range_shape, range_dtype = tuple(probe.shape), probe.dtype

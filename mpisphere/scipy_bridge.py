@@ -18,6 +18,7 @@ import numpy
 
 from . import dtypes
 from .operators import LinearOperator
+from .operators import domain_dtype as operator_domain_dtype
 
 __all__ = ["aslinearoperator", "as_pairs", "from_pairs", "pairs_size"]
 
@@ -46,7 +47,7 @@ def _ranks(layout):
     return None if comm is None else comm.Get_size()
 
 
-def aslinearoperator(op, lead=(), dtype=numpy.float64):
+def aslinearoperator(op, lead=(), dtype=None):
     """``op`` as a real ``scipy.sparse.linalg.LinearOperator`` on one rank.
 
     Parameters
@@ -57,9 +58,10 @@ def aslinearoperator(op, lead=(), dtype=numpy.float64):
     lead : tuple of int
         Leading (batch) axes of the points: the domain is
         ``op.domain_shape(lead)``.
-    dtype : numpy dtype
-        Of the domain (a transform's real fields, an inverse transform's
-        complex coefficients); the range's follows from one call.
+    dtype : numpy dtype, optional
+        Of the domain; by default the dtype the operator takes where it
+        fixes one (a transform's real fields, an inverse transform's complex
+        coefficients), else float64. The range's follows from one call.
 
     Returns
     -------
@@ -85,7 +87,7 @@ def aslinearoperator(op, lead=(), dtype=numpy.float64):
                          "rank (build it on ProcessGrid(MPI.COMM_SELF), or solve with the distributed inner product)")
     from scipy.sparse.linalg import LinearOperator as ScipyOperator
 
-    domain_dtype = numpy.dtype(dtype)
+    domain_dtype = operator_domain_dtype(op, dtype)
     domain_shape = tuple(op.domain_shape(tuple(lead)))
     probe = op.forward(numpy.zeros(domain_shape, domain_dtype))
     range_shape, range_dtype = tuple(probe.shape), probe.dtype

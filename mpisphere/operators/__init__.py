@@ -50,12 +50,13 @@ match; it must then be off on every rank).
 
 from ..agreement import Context, InputError, Spec
 from .abilities import Abilities
-from .base import AdjointOperator, LinearOperator
+from .base import AdjointOperator, LinearOperator, domain_dtype
 from .dottest import dottest, inner
 from .elementary import Diagonal, Identity
 from .layout import ADJOINT, DISTRIBUTED, FORWARD, REPLICATED, Layout, check_out
 
 __all__ = [
+    "domain_dtype",
     "DISTRIBUTED",
     "REPLICATED",
     "FORWARD",

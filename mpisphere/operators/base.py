@@ -83,6 +83,10 @@ class LinearOperator(Described):
     def _shapes(self, lead):
         raise TypeError(f"{self.name} does not describe its shapes; pass the points to dottest yourself")
 
+    def _dtypes(self):
+        """``(domain dtype, range dtype)`` where the operator fixes them (transforms do), else ``(None, None)``."""
+        return None, None
+
     @property
     def H(self):
         """The adjoint operator: ``A.H.forward == A.adjoint``."""
@@ -267,6 +271,20 @@ def _parts(op, direction, text, comm):
     return [(op._comm, f"{op._describe()} {direction}: {text}")]
 
 
+def domain_dtype(op, dtype=None):
+    """``dtype`` when given, else the dtype ``op`` takes where it fixes one (the transforms do), else float64.
+
+    The default of everything that draws or builds points of an operator's
+    domain for the caller (:func:`~mpisphere.dottest`, the SciPy and
+    pylops-mpi bridges), so an inverse transform gets complex coefficients
+    without being told.
+    """
+    if dtype is not None:
+        return numpy.dtype(dtype)
+    fixed = op._dtypes()[0] if isinstance(op, LinearOperator) else None
+    return numpy.dtype(numpy.float64 if fixed is None else fixed)
+
+
 class AdjointOperator(LinearOperator):
     """``op.H``: forward is ``op.adjoint``, adjoint is ``op.forward``."""
 
@@ -313,6 +331,9 @@ class AdjointOperator(LinearOperator):
     def _shapes(self, lead):
         domain, range_ = self.op._shapes(lead)
         return range_, domain
+
+    def _dtypes(self):
+        return self.op._dtypes()[::-1]
 
     def _guard(self):
         return self.op._guard()
@@ -411,6 +432,9 @@ class _Composition(_Combination):
     def _shapes(self, lead):
         return self.ops[-1]._shapes(lead)[0], self.ops[0]._shapes(lead)[1]
 
+    def _dtypes(self):
+        return self.ops[-1]._dtypes()[0], self.ops[0]._dtypes()[1]
+
     @property
     def H(self):
         result = self.ops[-1].H
@@ -489,6 +513,9 @@ class _Sum(_Combination):
     def _shapes(self, lead):
         return self.ops[0]._shapes(lead)
 
+    def _dtypes(self):
+        return self.ops[0]._dtypes()
+
     @property
     def H(self):
         return _Sum(self.ops[0].H, self.ops[1].H, self.sign)
@@ -533,6 +560,9 @@ class _Scaled(_Combination):
 
     def _shapes(self, lead):
         return self.ops[0]._shapes(lead)
+
+    def _dtypes(self):
+        return self.ops[0]._dtypes()
 
     @property
     def H(self):

@@ -5,6 +5,7 @@ import numpy
 
 from .. import backend, collectives
 from ..agreement import InputError, agree
+from .base import domain_dtype
 from .layout import REPLICATED
 
 
@@ -66,7 +67,7 @@ def _random_point(rng, shape, dtype, layout, seed):
     return x.astype(dtype)
 
 
-def dottest(op, x=None, y=None, rtol=1e-13, *, lead=(), dtype=numpy.float64, seed=0):
+def dottest(op, x=None, y=None, rtol=1e-13, *, lead=(), dtype=None, seed=0):
     """Check ``<op.forward(x), y> == <x, op.adjoint(y)>`` over all ranks.
 
     The two inner products are equal in exact arithmetic; computed, each
@@ -91,8 +92,11 @@ def dottest(op, x=None, y=None, rtol=1e-13, *, lead=(), dtype=numpy.float64, see
         Largest accepted ``|<A x, y> - <x, A^H y>| / (sum |A x| |y| + sum |x| |A^H y|)``.
     lead : tuple of int, keyword-only
         Leading axes of the random points.
-    dtype : dtype, keyword-only
-        Of a random ``x`` (a random ``y`` takes the dtype of ``op.forward(x)``).
+    dtype : dtype, optional, keyword-only
+        Of a random ``x`` (a random ``y`` takes the dtype of ``op.forward(x)``):
+        by default the dtype the operator takes where it fixes one (the
+        transforms: real fields or complex coefficients, as built), else
+        float64.
     seed : int, keyword-only
         Seed of the random points (mixed with the rank for distributed ones).
 
@@ -109,6 +113,7 @@ def dottest(op, x=None, y=None, rtol=1e-13, *, lead=(), dtype=numpy.float64, see
     """
     space = op.domain.space
     who = f"dottest({op.name})"
+    dtype = domain_dtype(op, dtype)
     if space.Get_size() > 1:  # one verdict for every rank: the ranks check the same thing, to the same tolerance
         error = None
         if not (isinstance(rtol, (int, float, numpy.integer, numpy.floating)) and not isinstance(rtol, bool)):
