@@ -161,3 +161,40 @@ def test_degree_coupling_in_blocks_gives_the_same_result(grid, monkeypatch, bloc
     # differently at another alignment, so allow rounding on each output's scale
     for a, b in zip(whole["one block"], whole["blocks"]):
         assert abs(a - b).max() <= 16 * numpy.finfo(float).eps * abs(a).max()
+
+
+@pytest.mark.mpi
+def test_the_component_slots_hold_what_the_docs_say(grid):
+    """Fed ``(u, v)`` (eastward, northward), slot 0 is the rotational part and slot 1 the divergent part.
+
+    The same transform read as torch-harmonics' docstring reads it: fed the
+    (colatitude, longitude) components ``(-v, u)``, slot 0 is spheroidal
+    (divergent) and slot 1 toroidal (rotational). A solid-body rotation is
+    purely rotational, the gradient of a scalar purely divergent.
+    """
+    vsht = DistributedRealVectorSHT(grid, 24, 48, quadrature="legendre-gauss")
+    lat = math.pi / 2 - vsht.local_colatitudes[:, None]
+    ones = numpy.ones((1, len(vsht.local_longitudes)))
+    rotation = numpy.stack([numpy.cos(lat) * ones, 0.0 * ones * lat])        # u = cos(lat), v = 0
+    gradient = numpy.stack([0.0 * ones * lat, numpy.cos(lat) * ones])        # grad sin(lat): v = cos(lat)
+    largest = {}
+    for name, wind in (("rotation (u, v)", rotation), ("gradient (u, v)", gradient),
+                       ("rotation (theta, phi)", numpy.stack([-rotation[1], rotation[0]])),
+                       ("gradient (theta, phi)", numpy.stack([-gradient[1], gradient[0]]))):
+        c = vsht.forward(wind)
+        largest[name] = [grid.cart.allreduce(float(abs(c[k]).max()) if c[k].size else 0.0, op=MPI.MAX)
+                         for k in (0, 1)]
+    # rounding: every coefficient sums at most nlat * nlon terms of size <= 1 times weights summing to ~4 pi
+    bound = 1e-12
+    assert largest["rotation (u, v)"][0] > 1.0 and largest["rotation (u, v)"][1] <= bound, largest
+    assert largest["gradient (u, v)"][1] > 1.0 and largest["gradient (u, v)"][0] <= bound, largest
+    assert largest["rotation (theta, phi)"][1] > 1.0 and largest["rotation (theta, phi)"][0] <= bound, largest
+    assert largest["gradient (theta, phi)"][0] > 1.0 and largest["gradient (theta, phi)"][1] <= bound, largest
+
+    # and through mpisphere.calculus: the vorticity of u = cos(lat) on the unit sphere is 2 sin(lat)
+    isht = mpisphere.DistributedInverseRealSHT(grid, 24, 48, quadrature="legendre-gauss")
+    vrtdiv = mpisphere.calculus.uv_to_vrtdiv(vsht, radius=1.0).forward(rotation)
+    vorticity, divergence = isht.forward(numpy.ascontiguousarray(vrtdiv[0])), isht.forward(
+        numpy.ascontiguousarray(vrtdiv[1]))
+    assert abs(vorticity - 2.0 * numpy.sin(lat) * ones).max() <= 1e-11
+    assert abs(divergence).max() <= 1e-11

@@ -131,12 +131,21 @@ def truncation(transform, lmax):
 
 
 def uv_to_vrtdiv(vector_sht, radius=1.0):
-    """Winds ``(..., 2, h, w)`` -> coefficients of vorticity and divergence ``(..., 2, l, m)``."""
+    """Winds ``(u, v)`` ``(..., 2, h, w)`` -> coefficients of vorticity and divergence ``(..., 2, l, m)``.
+
+    ``u`` eastward and ``v`` northward, in that order (torch-harmonics'
+    shallow-water example's ``vrtdivspec``); slot 0 of the result is the
+    vorticity, slot 1 the divergence.
+    """
     return laplacian(vector_sht, radius) * radius @ vector_sht
 
 
 def vrtdiv_to_uv(inverse_vector_sht, radius=1.0):
-    """Coefficients of vorticity and divergence ``(..., 2, l, m)`` -> winds ``(..., 2, h, w)``."""
+    """Coefficients of vorticity and divergence ``(..., 2, l, m)`` -> winds ``(u, v)`` ``(..., 2, h, w)``.
+
+    The inverse of :func:`uv_to_vrtdiv` (zero at ``l = 0``): ``u`` eastward,
+    ``v`` northward.
+    """
     return inverse_vector_sht @ (inverse_laplacian(inverse_vector_sht, radius) * (1.0 / radius))
 
 

@@ -1,12 +1,24 @@
 """The distributed vector transforms: the scalar Legendre kernel on both components, then a degree coupling.
 
 ``DistributedRealVectorSHT`` maps this rank's tile of tangent vector fields
-``(..., 2, h, w)`` (colatitude and longitude components, torch-harmonics'
-order and signs) to its block of the two coefficient components ``(..., 2,
-l_loc, m_loc)``; ``DistributedInverseRealVectorSHT`` maps back. Values as
+``(..., 2, h, w)`` to its block of the two coefficient components ``(...,
+2, l_loc, m_loc)``; ``DistributedInverseRealVectorSHT`` maps back. Values as
 torch-harmonics 0.9's ``RealVectorSHT``/``InverseRealVectorSHT``; every
 other argument and the Legendre strategies as for the scalar transforms
 (:mod:`mpisphere.sht.transforms`).
+
+What the slots hold, read two ways (one transform):
+
+* fed a wind ``(u, v)``, eastward and northward, as torch-harmonics'
+  shallow-water example and :mod:`mpisphere.calculus` feed it: slot 0 is
+  the rotational part (times ``l (l + 1) / radius`` it is the vorticity),
+  slot 1 the divergent part (the divergence likewise);
+* fed the (colatitude, longitude) components ``(-v, u)``, as
+  torch-harmonics' docstring reads it: slot 0 is the spheroidal
+  (divergent) part, slot 1 the toroidal (rotational) part.
+
+``tests/test_vector_sht.py`` pins both with a solid-body rotation and the
+gradient of a scalar.
 """
 
 import functools
@@ -114,11 +126,14 @@ class DistributedRealVectorSHT(_VectorTransform):
 
     Notes
     -----
-    ``forward``: ``(..., 2, h, w)`` real (the colatitude and longitude
-    components of this rank's tile, torch-harmonics' order and signs) ->
-    ``(..., 2, l_loc, m_loc)`` complex (the two coefficient components of
-    torch-harmonics' ``RealVectorSHT``, in its order). ``adjoint``: the exact
-    adjoint. The two components are never split over ranks.
+    ``forward``: ``(..., 2, h, w)`` real (this rank's tile of both
+    components) -> ``(..., 2, l_loc, m_loc)`` complex (the two coefficient
+    components of torch-harmonics' ``RealVectorSHT``, in its order): fed
+    ``(u, v)`` (eastward, northward), slot 0 is the rotational part and slot
+    1 the divergent part; fed the (colatitude, longitude) components ``(-v,
+    u)``, slot 0 is spheroidal and slot 1 toroidal (see the module).
+    ``adjoint``: the exact adjoint. The two components are never split over
+    ranks.
     """
 
     _table_kind = "analysis"
