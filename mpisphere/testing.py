@@ -3,7 +3,8 @@
 Enable it with ``-p mpisphere.testing`` on the command line, ``addopts =
 "-p mpisphere.testing"`` in your pytest configuration, or ``pytest_plugins =
 ["mpisphere.testing"]`` in your top ``conftest.py`` (install with
-``pip install 'mpisphere[testing]'``: pytest, pytest-mpi, pytest-timeout).
+``pip install '.[testing]'`` in the mpisphere clone: pytest, pytest-mpi,
+pytest-timeout).
 Then ``python -m pytest`` runs serial tests in-process and every test marked
 ``@pytest.mark.mpi`` (pytest-mpi's marker; ``min_size=`` is honoured) under
 ``mpiexec`` at each rank count of ``--mpi-sizes``. A test that takes the
@@ -30,7 +31,12 @@ outer run (``python -m pytest``)
     runs ``mpiexec -n N python -m pytest --with-mpi ...`` once for all MPI
     tests that fit N ranks, under a hard timeout (``--mpi-launch-timeout``),
     killing the whole process group when it expires. The launcher fails when
-    the launch fails, and shows what the ranks printed.
+    the launch fails, and shows what the ranks printed; the report's first
+    line names the tests that failed, the one running when the launch ended
+    and those that never ran (rank 0 records them in a progress file).
+    ``MPI.COMM_WORLD`` and ``MPI.COMM_SELF`` are guards here: a serial test
+    that touches MPI fails with a message naming it instead of ending the
+    process at MPICH's first call before ``MPI_Init``.
 
 inner run (``--with-mpi`` / ``--only-mpi``, under mpiexec)
     * ranks check they collected the same tests (CRC32 of the node ids);
@@ -59,6 +65,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import zlib
 from pathlib import Path
@@ -144,7 +151,7 @@ class MpiLaunch(pytest.Item):
         launcher = mpiexec_command()
         if launcher is None:
             raise MpiLaunchFailed(
-                "no mpiexec found: install an MPI runtime (pip install 'mpisphere[mpich]') or set "
+                "no mpiexec found: install an MPI runtime (pip install '.[mpich]' in the mpisphere clone) or set "
                 "MPISPHERE_MPIEXEC to the launcher command (e.g. 'srun --mpi=pmi2' for the pip MPICH)")
         markexpr = config.option.markexpr
         cmd = [*launcher, "-n", str(self.nranks), sys.executable, "-m", "pytest", "-p", PLUGIN, "--with-mpi",
@@ -167,6 +174,15 @@ class MpiLaunch(pytest.Item):
         env["MPISPHERE_TEST_NRANKS"] = str(self.nranks)
         env["MPISPHERE_TEST_LAUNCHER"] = cmd[0]
         env["PYTHONUNBUFFERED"] = "1"
+        handle, self.progress = tempfile.mkstemp(prefix="mpisphere-progress-", suffix=".txt")
+        os.close(handle)
+        env[PROGRESS_VARIABLE] = self.progress
+        try:
+            self._launch(cmd, env)
+        finally:
+            os.unlink(self.progress)
+
+    def _launch(self, cmd, env):
         timeout = self.config.getoption("--mpi-launch-timeout")
         start = time.monotonic()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
@@ -196,7 +212,8 @@ class MpiLaunch(pytest.Item):
         if "Timeout (" in text:
             hint = ("\nA rank exceeded the per-test timeout (--mpi-test-timeout); the traceback above "
                     "shows where it was waiting.")
-        return (f"MPI launch on {self.nranks} rank(s) {what}.\ncommand: {shlex.join(cmd)}\n"
+        tests = _progress_report(self.progress)
+        return (f"MPI launch on {self.nranks} rank(s) {what}{tests}\ncommand: {shlex.join(cmd)}\n"
                 f"--- output ---\n{text}{hint}")
 
     def repr_failure(self, excinfo):
@@ -219,6 +236,75 @@ def _summary_line(text):
     return found[-1] if found else None
 
 
+PROGRESS_VARIABLE = "MPISPHERE_TEST_PROGRESS"
+
+
+def _progress_report(path):
+    """What a launch's rank 0 recorded (see ``InnerPlugin``): ``": failed A, B; running C; 12 not run: ..."``.
+
+    The first line of a failed launch's report, so that pytest's summary
+    line and a JUnit ``failure`` message name the tests, not only the launch.
+    """
+    try:
+        with open(path) as f:
+            lines = [line.rstrip("\n").split("\t", 1) for line in f if "\t" in line]
+    except OSError:
+        return "."
+    collected, started, finished, failed = [], set(), set(), []
+    for what, nodeid in lines:
+        if what == "collected":
+            collected.append(nodeid)
+        elif what == "start":
+            started.add(nodeid)
+        elif what == "done":
+            finished.add(nodeid)
+        elif what == "failed" and nodeid not in failed:
+            failed.append(nodeid)
+    if not collected:
+        return " before its tests were collected."
+    parts = []
+    if failed:
+        parts.append("failed " + ", ".join(failed))
+    running = [n for n in collected if n in started and n not in finished and n not in failed]
+    if running:
+        parts.append("running when it ended: " + ", ".join(running))
+    never = [n for n in collected if n not in started]
+    if never:
+        shown = ", ".join(never[:10]) + (f" and {len(never) - 10} more" if len(never) > 10 else "")
+        parts.append(f"not run ({len(never)} of {len(collected)}): {shown}")
+    return (": " + "; ".join(parts) + ".") if parts else "."
+
+
+def _outer_process_guard(MPI, name, plugin):
+    """A stand-in for ``MPI.<name>`` in the outer pytest process, which never starts MPI.
+
+    A serial test that touched MPI used to end the whole outer run without
+    a word (MPICH exits at an MPI call before ``MPI_Init``). The stand-in is
+    the same kind of communicator (so code that only checks or stores one,
+    as a layout does, works as before), but any of its methods raises in
+    that test instead, naming it and the fix.
+    """
+    original = getattr(MPI, name)
+    base = type(original)
+
+    def __getattribute__(self, attribute):
+        if attribute.startswith("__") or not hasattr(base, attribute):  # mpi4py's own names are MPI calls
+            return base.__getattribute__(self, attribute)
+        test = plugin.current or "a serial test"
+        raise RuntimeError(
+            f"mpisphere.testing: {test} uses MPI.{name}.{attribute} in the outer pytest process, which does "
+            "not start MPI (a started MPI there breaks the nested mpiexec launches). Mark the test "
+            "@pytest.mark.mpi: it then runs under mpiexec at every rank count of --mpi-sizes (add "
+            "@pytest.mark.mpi(min_size=...) for a minimum), where MPI is started.")
+
+    def __repr__(self):
+        return f"<MPI.{name}: not available in the outer pytest process (mpisphere.testing)>"
+
+    guard = type(f"OuterProcess{base.__name__}", (base,), {"__getattribute__": __getattribute__,
+                                                           "__repr__": __repr__})
+    return guard()  # a null handle: building one from the original would call MPI (Comm_test_inter)
+
+
 class OuterPlugin:
     """Replaces the selected MPI tests by one launcher per rank count."""
 
@@ -226,6 +312,31 @@ class OuterPlugin:
         self.config = config
         self.launchers = []
         self.unrunnable = []
+        self.current = None  # the serial test running now, for the guard's message
+        self.guarded = {}    # MPI's communicators replaced by guards, restored at the end
+
+    def guard_mpi(self):
+        """Put guards in place of ``MPI.COMM_WORLD`` and ``MPI.COMM_SELF`` (MPI itself stays uninitialised)."""
+        try:
+            from mpi4py import MPI
+        except (ImportError, RuntimeError, OSError):
+            return  # no MPI library here: a test touching MPI fails at its import anyway
+        if not MPI.Is_initialized():
+            self.guarded = {name: getattr(MPI, name) for name in ("COMM_WORLD", "COMM_SELF")}
+            for name in self.guarded:
+                setattr(MPI, name, _outer_process_guard(MPI, name, self))
+
+    def pytest_unconfigure(self, config):
+        if self.guarded:  # a process that runs pytest.main() and then MPI gets its communicators back
+            from mpi4py import MPI
+            for name, original in self.guarded.items():
+                setattr(MPI, name, original)
+
+    def pytest_runtest_logstart(self, nodeid, location):
+        self.current = nodeid
+
+    def pytest_runtest_logfinish(self, nodeid, location):
+        self.current = None
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, session, config, items):
@@ -291,10 +402,26 @@ class InnerPlugin:
                 hint = (f"the mpiexec used does not belong to the MPI library mpi4py loaded ({mpi_library_path()}); "
                         "set MPISPHERE_MPIEXEC to the matching launcher")
             raise pytest.UsageError(f"the launcher started {expected} ranks but MPI reports {self.size}: {hint}")
+        path = os.environ.get(PROGRESS_VARIABLE)
+        self.progress = open(path, "a", buffering=1) if path and self.rank == 0 else None
         if self.rank != 0:
             sys.stdout = open(os.devnull, "w")  # the terminal reporter, created next, writes here
 
+    def _progress(self, what, nodeid):
+        """Rank 0 notes a test's progress for the outer run (``PROGRESS_VARIABLE``), flushed at once."""
+        if self.progress is not None:
+            self.progress.write(f"{what}\t{nodeid}\n")
+            self.progress.flush()
+
+    def pytest_runtest_logstart(self, nodeid, location):
+        self._progress("start", nodeid)
+
+    def pytest_runtest_logfinish(self, nodeid, location):
+        self._progress("done", nodeid)
+
     def pytest_collection_finish(self, session):
+        for item in session.items:
+            self._progress("collected", item.nodeid)
         ids = "\n".join(item.nodeid for item in session.items)
         mine = (zlib.crc32(ids.encode()), len(session.items))
         everyone = self.comm.allgather(mine)
@@ -323,6 +450,8 @@ class InnerPlugin:
             report.outcome = "failed"
             report.longrepr = (f"failed on rank(s) {bad} of {self.size} in {call.when}\n"
                                + "\n".join(f"---------- rank {r} ----------\n{everyone[r][1]}" for r in bad))
+        if bad:
+            self._progress("failed", item.nodeid)
         if bad and self.rank == 0:
             # Written at once as well: a later test that hangs or aborts the job
             # would otherwise take this report down with it.
@@ -340,6 +469,7 @@ class InnerPlugin:
                     "(they are probably waiting in a collective this rank never entered). Aborting the job.\n"
                     f"{text}\n")
                 self.err.flush()
+                self._progress("failed", nodeid)
                 self.MPI.COMM_WORLD.Abort(1)
             time.sleep(0.0005)
 
@@ -362,7 +492,9 @@ def pytest_configure(config):
         import mpi4py
         mpi4py.rc.initialize = False
         mpi4py.rc.finalize = False
-        config.pluginmanager.register(OuterPlugin(config), "mpisphere-outer")
+        outer = OuterPlugin(config)
+        outer.guard_mpi()
+        config.pluginmanager.register(outer, "mpisphere-outer")
 
 
 def world_size(config):

@@ -75,3 +75,62 @@ def test_a_hanging_rank_ends_the_launch_instead_of_hanging_the_suite(tmp_path):
                             "--mpi-launch-timeout=120")
     assert code == 1, out
     assert "MPI launch on 2 rank(s)" in out and "Timeout" in out, out
+
+
+def test_the_summary_and_junit_name_the_failing_test_of_a_launch(tmp_path):
+    code, out = run_project(tmp_path, USER_TESTS, "--mpi-sizes=2", f"--junitxml={tmp_path / 'report.xml'}")
+    assert code == 1, out
+    named = ("MPI launch on 2 rank(s) exited with status 1: failed "
+             "test_user.py::test_fails_on_the_last_rank_only.")
+    assert named in out, out
+    assert named in (tmp_path / "report.xml").read_text()
+
+
+ABORTING_TESTS = '''
+import pytest
+
+
+@pytest.mark.mpi(min_size=2)
+def test_rank_0_fails_while_the_others_wait(comm):
+    if comm.Get_rank() == 0:
+        raise ValueError("rank 0 alone")
+    comm.Barrier()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_next(comm):
+    pass
+
+
+@pytest.mark.mpi(min_size=2)
+def test_last(comm):
+    pass
+'''
+
+
+def test_after_an_abort_the_report_says_which_tests_did_not_run(tmp_path):
+    code, out = run_project(tmp_path, ABORTING_TESTS, "--mpi-sizes=2", "--mpi-grace=3")
+    assert code == 1, out
+    assert ("failed test_user.py::test_rank_0_fails_while_the_others_wait; not run (2 of 3): "
+            "test_user.py::test_next, test_user.py::test_last.") in out, out
+
+
+SERIAL_TEST_USING_MPI = '''
+from mpi4py import MPI
+
+
+def test_forgot_the_marker():
+    assert MPI.COMM_WORLD.Get_size() == 1
+
+
+def test_after_it():
+    pass
+'''
+
+
+def test_a_serial_test_touching_mpi_fails_by_name_instead_of_ending_the_run(tmp_path):
+    code, out = run_project(tmp_path, SERIAL_TEST_USING_MPI)
+    assert code == 1, out
+    assert ("test_user.py::test_forgot_the_marker uses MPI.COMM_WORLD.Get_size in the outer pytest process"
+            in out), out
+    assert "@pytest.mark.mpi" in out and "1 failed, 1 passed" in out, out  # the run went on
