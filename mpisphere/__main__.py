@@ -67,7 +67,12 @@ def diagnose(out=sys.stdout, probe_timeout=120):
         write("CuPy: not installed (host arrays only)\n")
     aware, source = cuda_aware.decide(MPI.COMM_WORLD)
     write(f"CUDA-aware MPI: {'yes' if aware else 'no'} -- {source}\n")
-    write(f"path for device buffers: {cuda_aware.describe_path(aware, source, config.force_staging)}\n")
+    path = cuda_aware.describe_path(aware, source, config.force_staging)
+    if devices:
+        write(f"path for device buffers: {path}\n")
+    else:  # no GPU here: what a GPU node with this MPI would do, said as such
+        write(f"device buffers: none on this machine (no GPU visible); with this MPI library on a GPU node: "
+              f"{path}\n")
     write(f"config: {config!r}\n")
     if devices and aware:
         ok, what = _device_probe(probe_timeout)
@@ -84,7 +89,8 @@ def diagnose(out=sys.stdout, probe_timeout=120):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m mpisphere", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m mpisphere",
+                                     description=__doc__.splitlines()[0].replace("``", ""))
     sub = parser.add_subparsers(dest="command", required=True)
     cmd = sub.add_parser("diagnose", help="report the MPI library and the GPU buffer path")
     cmd.add_argument("--probe-timeout", type=float, default=120, help="seconds for the device-buffer probe")

@@ -72,7 +72,7 @@ def import_cupy():
     except ImportError as exc:
         raise ImportError(
             "mpisphere: CuPy is not installed; install it with the extra that matches "
-            "your CUDA toolkit, e.g. pip install 'mpisphere[cuda12]'") from exc
+            "your CUDA toolkit, e.g. pip install '.[cuda12]' in the mpisphere clone") from exc
     return cupy
 
 

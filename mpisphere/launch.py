@@ -43,7 +43,7 @@ def world_mismatch(world_size, environ=None):
         if started > 1:
             srun = variable.startswith("SLURM")
             fix = ("choose the PMI plugin your MPI speaks: srun --mpi=pmi2 for the pip MPICH "
-                   "(mpisphere[mpich]), srun --mpi=pmix for Open MPI (srun --mpi=list shows what Slurm offers; "
+                   "(the mpich extra), srun --mpi=pmix for Open MPI (srun --mpi=list shows what Slurm offers; "
                    "SLURM_MPI_TYPE sets the default), or launch with the MPI library's own mpiexec"
                    if srun else "launch with the mpiexec of the MPI library mpi4py loaded "
                    "(python -m mpisphere diagnose names it)")

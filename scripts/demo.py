@@ -15,8 +15,8 @@ into the rolled-up vortices of the instability from day four on (with a
 Adams-Bashforth against the fastest gravity waves). Rank 0 prints one line per model day (time,
 mass, total energy, largest relative vorticity, all reduced over the grid)
 and at the end writes a picture of the vorticity, ``galewsky_vorticity.png``
-in the current folder (matplotlib is optional: ``pip install
-'mpisphere[plot]'``; without it the run completes and says so).
+in the current folder (matplotlib is optional: ``pip install '.[plot]'``
+in the clone; without it the run completes and says so).
 
 With the ``io`` extra (Zarr; ``pip install '.[io]'``), every rank writes
 its own part of the vorticity once a model day to ``galewsky.zarr`` (a
@@ -261,8 +261,8 @@ def run_galewsky(grid, args):
         elif plot_vorticity(vorticity, lats[:, 0], lons[0], history.step / steps_per_day, args.png):
             print(f"  picture         {args.png}")
         else:
-            print("  picture         matplotlib is not installed: pip install 'mpisphere[plot]' (or '.[plot]' in "
-                  "a clone) and run again for the picture")
+            print("  picture         matplotlib is not installed: pip install '.[plot]' in the mpisphere "
+                  "clone and run again for the picture")
     return swe
 
 

@@ -411,7 +411,7 @@ def main(argv=None):
             others = peaks[1:] or [peaks[0]]
             print(f"  peak RSS: rank 0 {peaks[0]:.0f} MB, the other ranks {min(others):.0f}-{max(others):.0f} MB")
             print(f"  picture: {args.png}" if written else
-                  "  no picture: matplotlib is not installed (pip install 'mpisphere[plot]')")
+                  "  no picture: matplotlib is not installed (pip install '.[plot]' in the mpisphere clone)")
         return 0 if start_a[0] < 0.75 * background[0] else 1  # clearly better than the background, or fail
 
 

@@ -187,7 +187,7 @@ def plot(path, fields, stats):
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print("matplotlib is not installed (pip install 'mpisphere[plot]'): no picture")
+        print("matplotlib is not installed (pip install '.[plot]' in the mpisphere clone): no picture")
         return
     mean, std = stats
     height = [(f * std[0] + mean[0]) / 9.80616 for f in fields]

@@ -27,7 +27,7 @@ def cupy():
         if module.cuda.runtime.getDeviceCount() < 1:
             reason = "no CUDA device visible"
     except ImportError:
-        reason = "CuPy is not installed (pip install 'mpisphere[cuda12]')"
+        reason = "CuPy is not installed (pip install '.[cuda12]' in the mpisphere clone)"
     except Exception as exc:  # CUDARuntimeError without a driver, ...
         reason = f"CuPy cannot use a GPU here: {type(exc).__name__}: {exc}"
     everyone = comm.allgather(reason)

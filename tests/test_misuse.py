@@ -121,7 +121,7 @@ def _launch(size, debug):
     """Run every case under ``mpiexec -n size``: ``({case: [record per rank]}, output)``."""
     launcher = mpiexec_command()
     if launcher is None:
-        pytest.fail("no mpiexec found: install an MPI runtime (pip install 'mpisphere[mpich]')")
+        pytest.fail("no mpiexec found: install an MPI runtime (pip install '.[mpich]' in the mpisphere clone)")
     folder = tempfile.mkdtemp(prefix="mpisphere-misuse-")
     cmd = [*launcher, "-n", str(size), sys.executable, str(HERE / "misuse_cases.py"), "--out", folder] + \
         (["--debug"] if debug else [])

@@ -378,8 +378,9 @@ class ShallowWaterSolver(Described):
         return {"nlat": int(self.nlat), "nlon": int(self.nlon), "lmax": int(self.lmax), "mmax": int(self.mmax),
                 "quadrature": self.sht.quadrature, "dt": self.dt, "radius": self.radius, "omega": self.omega,
                 "gravity": self.gravity, "havg": self.havg, "hamp": self.hamp, "scheme": self.scheme,
-                "reference_depth": self.reference_depth, "robert_asselin": self.robert_asselin,
-                "orography": self._orography_kind}
+                "reference_depth": self.reference_depth, "orography": self._orography_kind,
+                # the filter exists in the semi-implicit scheme only (explicit checkpoints stay as they were)
+                **({"robert_asselin": self.robert_asselin} if self.scheme == "semi-implicit" else {})}
 
     def save(self, path, uspec, history=None, *, keep=2):
         """Write a checkpoint: the state, the scheme's history, the step, the time and the parameters. Collective.

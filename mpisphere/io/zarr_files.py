@@ -17,8 +17,8 @@ import warnings
 __all__ = ["import_zarr", "create_array", "open_array", "open_group", "chunk_files", "missing_chunks", "sync_files",
            "consolidate", "write_text_atomically", "json_safe", "INSTALL_HINT"]
 
-INSTALL_HINT = ("mpisphere.io needs zarr>=3 (Python 3.11 or newer): pip install 'mpisphere[io]' "
-                "(from a clone: pip install '.[io]')")
+INSTALL_HINT = ("mpisphere.io needs zarr>=3 (Python 3.11 or newer): pip install '.[io]' in the "
+                "mpisphere clone")
 
 
 def import_zarr():

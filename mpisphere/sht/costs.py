@@ -118,7 +118,7 @@ def resolve_legendre(legendre, budget, nlat, lmax, mmax, npolar, nazimuth, *, ve
             raise ValueError(f"{who}: max_table_bytes is the budget legendre='auto' chooses by; "
                              f"legendre={legendre!r} does not use it")
     if legendre == "table-free" and not table_free:
-        raise ImportError(f"{who}: legendre='table-free' needs ducc0: pip install 'mpisphere[ducc0]'")
+        raise ImportError(f"{who}: legendre='table-free' needs ducc0: pip install '.[ducc0]' in the mpisphere clone")
     if legendre != "auto":
         return legendre, "chosen"
     return choose_legendre(nlat, lmax, mmax, npolar, nazimuth, vector=vector, dtype=dtype, orders=orders,
