@@ -1,0 +1,68 @@
+"""The documentation's structure: a short README whose links resolve, and an API page for every public name.
+
+The site itself is built with warnings as errors by ``.ci/docs`` (``sphinx-build -W``); these serial checks
+catch what a build cannot: a public name added without a page, a module missing from the internals page, a
+README that grows back into a manual.
+"""
+
+import ast
+import importlib
+import pkgutil
+import re
+from pathlib import Path
+
+import mpisphere
+
+ROOT = Path(__file__).resolve().parents[1]
+API = (ROOT / "docs" / "api" / "index.rst").read_text()
+INTERNALS = (ROOT / "docs" / "api" / "internals.rst").read_text()
+
+# the packages whose __all__ the API reference lists (mpisphere.torch needs PyTorch: its names are checked as text)
+DOCUMENTED = ["mpisphere.calculus", "mpisphere.io", "mpisphere.examples", "mpisphere.pylops_bridge",
+              "mpisphere.interop"]
+
+
+def listed(section_module):
+    """The names the API page's autosummary lists after ``.. currentmodule:: section_module``."""
+    names, current = set(), None
+    for line in API.splitlines():
+        found = re.match(r"\.\. currentmodule:: (\S+)", line)
+        if found:
+            current = found.group(1)
+        elif current == section_module and re.match(r"   \w+$", line):
+            names.add(line.strip())
+    return names
+
+
+def test_every_public_name_has_an_api_page():
+    missing = {"mpisphere": set(mpisphere.__all__) - {"calculus"} - listed("mpisphere")}
+    for name in DOCUMENTED:
+        missing[name] = set(importlib.import_module(name).__all__) - listed(name)
+    tree = ast.parse((ROOT / "mpisphere" / "torch.py").read_text())  # importing it needs PyTorch
+    torch_names = next(set(ast.literal_eval(node.value)) for node in tree.body if isinstance(node, ast.Assign)
+                       and any(getattr(t, "id", None) == "__all__" for t in node.targets))
+    missing["mpisphere.torch"] = torch_names - listed("mpisphere.torch")
+    assert not any(missing.values()), f"public names without an API page: {missing}"
+
+
+def test_every_module_is_on_the_internals_page():
+    modules = ["mpisphere"] + [m.name for m in pkgutil.walk_packages(mpisphere.__path__, "mpisphere.")]
+    documented = set(re.findall(r"\.\. automodule:: (\S+)", INTERNALS))
+    assert not set(modules) - documented, f"modules missing from docs/api/internals.rst: {set(modules) - documented}"
+
+
+def test_the_readme_is_a_first_visit_page_whose_links_resolve():
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 150, len(text.splitlines())
+    for heading in ("## Quickstart", "## Usage", "## Documentation"):
+        assert heading in text
+    broken = [target for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text)
+              if not target.startswith("http") and not (ROOT / target).exists()]
+    assert not broken, f"README links to files that do not exist: {broken}"
+    assert "../shared" not in text
+
+
+def test_every_guide_page_is_in_the_guide_toctree():
+    index = (ROOT / "docs" / "guide" / "index.md").read_text()
+    pages = {p.stem for p in (ROOT / "docs" / "guide").glob("*.md")} - {"index"}
+    assert not {p for p in pages if f"\n{p}\n" not in index}
