@@ -225,7 +225,10 @@ class Truncation(LocalStage):
             if numpy.array_equal(orders, numpy.arange(mmax)):
                 orders = None
         self.orders = orders
-        self._inverse = None if orders is None else numpy.argsort(orders)
+        # host index arrays, uploaded once per device by _index: the kept orders, their inverse permutation,
+        # and with mmax > half the orders clamped into the spectrum and the positions that are padding
+        self._indices = None if orders is None else (
+            orders, numpy.argsort(orders), numpy.minimum(orders, half - 1), numpy.flatnonzero(orders >= half))
         self._device = {}
 
     @property
@@ -243,8 +246,8 @@ class Truncation(LocalStage):
         return lead + (self.half,), lead + (self.mmax,)
 
     def _index(self, like, which):
-        """The kept orders (``which=0``) or their inverse permutation (1), where ``like`` lives."""
-        return backend.on_device_of(like, self.orders if which == 0 else self._inverse, self._device, which)
+        """``_indices[which]`` (kept orders, inverse, clamped, padding) where ``like`` lives."""
+        return backend.on_device_of(like, self._indices[which], self._device, which)
 
     @staticmethod
     def _take(x, index, out):
@@ -258,12 +261,9 @@ class Truncation(LocalStage):
         kept = min(self.mmax, self.half)  # with mmax > half the orders past half are zeros (torch-harmonics pads)
         if direction == FORWARD:
             if self.permuted:
-                index = self._index(x, 0)
+                self._take(x, self._index(x, 0 if kept == self.mmax else 2), out)
                 if kept < self.mmax:
-                    self._take(x, backend.array_module(x).minimum(index, self.half - 1), out)
-                    out[..., index >= self.half] = 0
-                else:
-                    self._take(x, index, out)
+                    out[..., self._index(x, 3)] = 0
             else:
                 out[..., :kept] = x[..., :kept]
                 out[..., kept:] = 0
