@@ -76,6 +76,14 @@ def test_a_semi_implicit_run_restarts_bit_identically(grid, tmp_path):
     numpy.testing.assert_array_equal(restored.previous, history.previous)
     numpy.testing.assert_array_equal(swe.timestep(state, 3, restored), uninterrupted)
 
+    # a history of the other scheme on the last rank only: every rank raises, nothing is written
+    wrong = AdamsBashforthHistory() if grid.rank == grid.size - 1 else history
+    other = os.path.join(shared, "not-written")
+    with pytest.raises(ValueError, match=f"of {grid.size}: history must be a LeapfrogHistory for the "
+                                         "semi-implicit scheme"):
+        swe.save(other, half, wrong)
+    assert not os.path.exists(other)
+
 
 @pytest.mark.mpi
 def test_a_checkpoint_of_another_model_is_refused_on_every_rank(grid, tmp_path):

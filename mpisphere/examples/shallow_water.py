@@ -309,16 +309,23 @@ class ShallowWaterSolver(Described):
             starts the scheme afresh with its first step, as
             torch-harmonics' ``timestep`` does.
         """
-        kind = type(self.new_history())
-        error = None if history is None or isinstance(history, kind) else InputError(
-            f"history must be a {kind.__name__} for the {self.scheme} scheme (or None), "
-            f"got {type(history).__name__}")
-        settle(self.grid.cart, "ShallowWaterSolver.timestep", error)
+        self._check_history(history, "ShallowWaterSolver.timestep")
         return self._integrate(uspec, nsteps, None, history)
 
     def new_history(self):
         """A fresh history for this model's scheme: an ``AdamsBashforthHistory`` or a ``LeapfrogHistory``."""
-        return time_stepping.AdamsBashforthHistory() if self._implicit is None else time_stepping.LeapfrogHistory()
+        return self._history_kind()()
+
+    def _history_kind(self):
+        return time_stepping.AdamsBashforthHistory if self._implicit is None else time_stepping.LeapfrogHistory
+
+    def _check_history(self, history, who):
+        """Raise on every rank when a rank's ``history`` (None allowed) is not of this scheme's kind. Collective."""
+        kind = self._history_kind()
+        error = None if history is None or isinstance(history, kind) else InputError(
+            f"history must be a {kind.__name__} for the {self.scheme} scheme (or None), "
+            f"got {type(history).__name__}")
+        settle(self.grid.cart, who, error)
 
     def diffuse(self, uspec):
         """The implicit hyperdiffusion of one step on vorticity and divergence, in place; returns ``uspec``.
@@ -357,15 +364,22 @@ class ShallowWaterSolver(Described):
             out[..., 2, :, :] = -depth * x[..., 0, :, :]
             return out
 
+        determinants = {}  # tau -> 1 + tau^2 depth eigen per coefficient: two taus (dt and dt/2), made once each
+
+        def determinant(tau):
+            if tau not in determinants:
+                determinants[tau] = 1.0 + tau * tau * depth * eigen
+            return determinants[tau]
+
         def solve(r, tau):  # (I - tau L)^-1 r
             out = r.copy()
-            out[..., 2, :, :] = (r[..., 2, :, :] + tau * eigen * r[..., 0, :, :]) / (1.0 + tau * tau * depth * eigen)
+            out[..., 2, :, :] = (r[..., 2, :, :] + tau * eigen * r[..., 0, :, :]) / determinant(tau)
             out[..., 0, :, :] = r[..., 0, :, :] - tau * depth * out[..., 2, :, :]
             return out
 
         def solve_adjoint(r, tau):  # (I - tau L)^-T r
             out = r.copy()
-            out[..., 2, :, :] = (r[..., 2, :, :] - tau * depth * r[..., 0, :, :]) / (1.0 + tau * tau * depth * eigen)
+            out[..., 2, :, :] = (r[..., 2, :, :] - tau * depth * r[..., 0, :, :]) / determinant(tau)
             out[..., 0, :, :] = r[..., 0, :, :] + tau * eigen * out[..., 2, :, :]
             return out
 
@@ -402,11 +416,8 @@ class ShallowWaterSolver(Described):
         keep : int
             Versions kept at ``path``.
         """
+        self._check_history(history, f"ShallowWaterSolver.save({str(path)!r})")
         history = self.new_history() if history is None else history
-        error = None if isinstance(history, type(self.new_history())) else InputError(
-            f"history must be a {type(self.new_history()).__name__} for the {self.scheme} scheme, "
-            f"got {type(history).__name__}")
-        settle(self.grid.cart, f"ShallowWaterSolver.save({str(path)!r})", error)
         steps = sorted(getattr(history, "tendencies", {}), reverse=True)
         previous = getattr(history, "previous", None)
         fields = ["geopotential (m^2/s^2)", "vorticity (1/s)", "divergence (1/s)"]

@@ -196,9 +196,10 @@ def integrate_leapfrog(state, nsteps, dt, tendency, diffuse, implicit, alpha, hi
     first = 0 if history is None else history.step
     previous = None if history is None else history.previous
     for n in range(first, first + nsteps):
-        explicit = tendency(n, state) - implicit.apply(state)
+        linear = implicit.apply(state)
+        explicit = tendency(n, state) - linear
         if n == 0:
-            new = diffuse(implicit.solve(state + (0.5 * dt) * implicit.apply(state) + dt * explicit, 0.5 * dt))
+            new = diffuse(implicit.solve(state + (0.5 * dt) * linear + dt * explicit, 0.5 * dt))
             previous = state
         else:
             new = _diffuse_twice(diffuse, implicit.solve(previous + dt * implicit.apply(previous)
