@@ -403,15 +403,18 @@ class InnerPlugin:
                         "set MPISPHERE_MPIEXEC to the matching launcher")
             raise pytest.UsageError(f"the launcher started {expected} ranks but MPI reports {self.size}: {hint}")
         path = os.environ.get(PROGRESS_VARIABLE)
-        self.progress = open(path, "a", buffering=1) if path and self.rank == 0 else None
+        self.progress = open(path, "a", buffering=1) if path and self.rank == 0 else None  # line-buffered
         if self.rank != 0:
             sys.stdout = open(os.devnull, "w")  # the terminal reporter, created next, writes here
 
     def _progress(self, what, nodeid):
-        """Rank 0 notes a test's progress for the outer run (``PROGRESS_VARIABLE``), flushed at once."""
+        """Rank 0 notes a test's progress for the outer run (``PROGRESS_VARIABLE``); each line is flushed."""
         if self.progress is not None:
             self.progress.write(f"{what}\t{nodeid}\n")
-            self.progress.flush()
+
+    def pytest_unconfigure(self, config):
+        if self.progress is not None:
+            self.progress.close()
 
     def pytest_runtest_logstart(self, nodeid, location):
         self._progress("start", nodeid)
