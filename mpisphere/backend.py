@@ -17,7 +17,8 @@ asks for a device explicitly.
 Stream rule
 -----------
 MPI knows nothing of CUDA streams: it reads a device buffer the moment it is
-called and has written its receive buffers when it returns. So
+called and has written its receive buffers when it returns. CuPy orders work
+by stream: a kernel sees what earlier work *on its stream* wrote. So
 
 1. before a device buffer is handed to MPI, the kernels that produced it
    must have finished: :func:`synchronize` waits for the *current* CuPy
@@ -30,13 +31,25 @@ called and has written its receive buffers when it returns. So
    are waited for before MPI reads the host buffer; host-to-device copies are
    queued on the current stream, so later kernels on it see the data, and a
    CUDA event recorded after them guards the pinned buffer against being
-   overwritten before the copy has read it (:meth:`Workspace.host`).
+   overwritten before the copy has read it (:meth:`Workspace.guard`; every
+   pinned buffer that a copy to the device reads is guarded so);
+4. an operator's result is ordered on the stream that was current when it
+   was called, like the result of any CuPy function: work queued later on
+   that stream sees it, and work on another stream must wait for it first
+   (``other.wait_event(stream.record())``, or ``stream.synchronize()``);
+5. device memory an operator keeps across calls (its workspaces, plans and
+   uploaded constants) is safe to use from any stream: a buffer used last on
+   another stream makes the current stream wait for that stream's work
+   first (:class:`StreamOrder`, an event, no host synchronisation), and a
+   constant is uploaded with a synchronisation, once.
 """
 
 import contextlib
 import sys
 
 import numpy
+
+from .settings import config
 
 __all__ = [
     "is_array",
@@ -48,7 +61,9 @@ __all__ = [
     "device_of",
     "synchronize",
     "Workspace",
+    "StreamOrder",
     "BoundedCache",
+    "device_kernels",
     "import_cupy",
     "copy_to_host",
     "copy_from_host",
@@ -125,7 +140,7 @@ def copy_into(dst, src):
     faster than one copy for ``(L, m, B) -> (B, L, m)`` at the sizes of a
     transform). On a device, one kernel.
     """
-    if _is_cupy_array(dst) or dst.ndim < 2 or dst.size < 1 << 15 or dst.strides == src.strides:
+    if device_kernels(dst) or dst.ndim < 2 or dst.size < 1 << 15 or dst.strides == src.strides:
         dst[...] = src
         return
     axis = max(range(dst.ndim), key=lambda i: min(abs(dst.strides[i]), abs(src.strides[i]))
@@ -188,8 +203,24 @@ def on_device_of(like, host, cache, key=None):
     if slot not in cache:
         with like.device:
             cupy = sys.modules["cupy"]
-            cache[slot] = tuple(cupy.asarray(h) for h in host) if isinstance(host, tuple) else cupy.asarray(host)
+            uploaded = tuple(cupy.asarray(h) for h in host) if isinstance(host, tuple) else cupy.asarray(host)
+            # rule 5: a later call on another stream reads the constant without waiting for this one
+            cupy.cuda.get_current_stream().synchronize()
+            cache[slot] = uploaded
     return cache[slot]
+
+
+def device_kernels(a):
+    """Whether work on ``a`` takes the kernels written for devices (few large launches, no host loops).
+
+    True for CuPy arrays. For NumPy arrays only under the testing aid
+    ``mpisphere.config.device_kernels``, which runs the device algorithms
+    on the host so that a machine without a GPU can check them (their
+    results and how many operations a call issues).
+    """
+    if _is_cupy_array(a):
+        return True
+    return config.device_kernels
 
 
 def synchronize(a):
@@ -240,6 +271,35 @@ class BoundedCache:
         return key in self._items
 
 
+class StreamOrder:
+    """Orders the reuse of device memory kept across calls between CUDA streams (rule 5 of the stream rule).
+
+    :meth:`claim` is called each time such memory is about to be used: if it
+    was used last on another stream of that device, the current stream waits
+    (on the GPU, through an event) for everything queued on that stream so
+    far, so a kernel of this call cannot overwrite what a kernel of an
+    earlier call, on another stream, still reads or writes. A no-op for host
+    memory and while the stream stays the same.
+    """
+
+    __slots__ = ("_last",)
+
+    def __init__(self):
+        self._last = {}
+
+    def claim(self, like):
+        """Order the current stream of ``like``'s device after the stream that used the memory last."""
+        if not _is_cupy_array(like):
+            return
+        cupy = sys.modules["cupy"]
+        with like.device:
+            stream = cupy.cuda.get_current_stream()
+            last = self._last.get(like.device.id)
+            if last is not None and last.ptr != stream.ptr:
+                stream.wait_event(last.record())
+            self._last[like.device.id] = stream
+
+
 class Workspace:
     """Scratch buffers owned by one operator and reused across its calls.
 
@@ -247,17 +307,19 @@ class Workspace:
     allocated the first time it is asked for and grows when a larger one is
     needed, so memory is bounded by the largest shape an operator has seen,
     never by the number of calls. Outputs handed to the caller are never taken
-    from here.
+    from here. A device buffer asked for on another stream than the one that
+    used it last is ordered after that stream's work (:class:`StreamOrder`).
 
     A workspace belongs to one operator and is not meant to be shared between
     threads.
     """
 
-    __slots__ = ("_buffers", "_events")
+    __slots__ = ("_buffers", "_events", "_streams")
 
     def __init__(self):
         self._buffers = {}
         self._events = {}
+        self._streams = StreamOrder()
 
     def _lookup(self, key, xp, count, dtype, allocate):
         buf = self._buffers.get(key)
@@ -275,6 +337,7 @@ class Workspace:
             cupy = sys.modules["cupy"]
             key = (name, "device", like.device.id)
             with like.device:
+                self._streams.claim(like)
                 return self._lookup(key, cupy, count, dtype, lambda n, dt: cupy.empty(n, dt))
         key = (name, "host")
         return self._lookup(key, numpy, count, dtype, lambda n, dt: numpy.empty(n, dt))
@@ -296,7 +359,7 @@ class Workspace:
         return self._lookup(key, numpy, count, dtype, lambda n, dt: numpy.empty(n, dt))
 
     def guard(self, name, pinned, device_array):
-        """Record that a copy from host buffer ``name`` to ``device_array`` is queued."""
+        """Record that a copy from host buffer ``name`` to ``device_array`` is queued (on the current stream)."""
         if pinned and _is_cupy_array(device_array):
             cupy = sys.modules["cupy"]
             with device_array.device:

@@ -61,18 +61,21 @@ class _TransposePlan:
         return out[along(self.g, slice(self.g_offs[q], self.g_offs[q] + self.g_sizes[q]))]
 
     def acquire(self, like, host_only):
-        """A buffer set: ``{"send", "recv"}`` flat arrays (pinned host arrays when ``host_only``)."""
-        if self._pool:
-            return self._pool.pop()
+        """A buffer set: ``{"send", "recv", "workspace"}`` (flat; pinned host arrays when ``host_only``).
+
+        Each set keeps its buffers in a workspace of its own: asked for again
+        on another CUDA stream, the device buffers are ordered after the
+        stream that used them last, and a pinned receive buffer whose copy to
+        the device is still queued is waited for (the stream rule of
+        :mod:`mpisphere.backend`).
+        """
+        ws = self._pool.pop()["workspace"] if self._pool else backend.Workspace()
         total_send, total_recv = sum(self.send_counts), sum(self.recv_counts)
         if host_only and backend.is_device_array(like):
-            ws = backend.Workspace()  # one per set: its pinned buffers belong to this set only
             return {"send": ws.host("send", total_send, self.dtype, True),
                     "recv": ws.host("recv", total_recv, self.dtype, True), "workspace": ws}
-        xp = backend.array_module(like)
-        with backend.device_of(like):
-            return {"send": xp.empty(max(total_send, 1), self.dtype)[:total_send],
-                    "recv": xp.empty(max(total_recv, 1), self.dtype)[:total_recv]}
+        return {"send": ws.scratch("send", like, total_send, self.dtype),
+                "recv": ws.scratch("recv", like, total_recv, self.dtype), "workspace": ws}
 
     def release(self, buffers):
         self._pool.append(buffers)
@@ -324,6 +327,7 @@ class Transpose(CommunicatorOperator):
             if staged:
                 arrived = buffers["workspace"].scratch("arrived", out, recv.size)
                 backend.copy_from_host(recv, arrived)
+                buffers["workspace"].guard("recv", True, arrived)  # the next exchange's MPI writes recv
                 plan.unpack(arrived, out)
             else:
                 plan.unpack(recv, out)

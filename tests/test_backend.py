@@ -2,6 +2,7 @@
 
 import os
 import sys
+import types
 
 import numpy
 import pytest
@@ -118,9 +119,11 @@ class _FakeDevice:
 
 
 def test_constants_go_to_each_device_once(monkeypatch):
-    uploads = []
+    uploads, waits = [], []
     fake_cupy = type(sys)("cupy")
     fake_cupy.asarray = lambda a: uploads.append(a) or ("on device", a)
+    stream = types.SimpleNamespace(synchronize=lambda: waits.append(len(uploads)))
+    fake_cupy.cuda = types.SimpleNamespace(get_current_stream=lambda: stream)
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
     host, pair, cache = numpy.arange(3.0), (numpy.zeros(2), numpy.ones(2)), {}
     assert backend.on_device_of(numpy.zeros(1), host, cache) is host  # host arrays: the array itself, no cache
@@ -134,3 +137,5 @@ def test_constants_go_to_each_device_once(monkeypatch):
     both = backend.on_device_of(devices[0], pair, cache, key="pair")  # a tuple: each member, under its own key
     assert both == tuple(("on device", a) for a in pair)
     assert len(uploads) == 4
+    # each upload is waited for before the cache hands it out: a call on another stream may read it at once
+    assert waits == [1, 2, 4]

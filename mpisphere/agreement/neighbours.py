@@ -192,6 +192,8 @@ class NeighbourRound:
         self._on_header(key, header, nbytes)
         if fitting and self._usable[key] and landing is not target:
             backend.copy_from_host(landing, target)
+            # the next round's message lands in this pinned buffer: not before the copy has read it
+            self.workspace.guard(f"nr-recv-{source}-{tag}", backend.is_device_array(target), target)
 
     def _on_header(self, key, header, nbytes):
         """Check a neighbour's header."""

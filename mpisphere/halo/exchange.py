@@ -435,7 +435,7 @@ class HaloExchange(LinearOperator):
     def _plan(self, P):
         key = (tuple(P.shape), P.dtype.str, backend.is_device_array(P), getattr(getattr(P, "device", None), "id", None))
         h, w = P.shape[-2] - 2 * self.rows, P.shape[-1] - 2 * self.cols
-        return self._plans.get(key, lambda: HaloPlan(P, h, w, self.rows, self.cols))
+        return self._plans.get(key, lambda: HaloPlan(P, h, w, self.rows, self.cols)).claim(P)
 
     def _phase(self, P, plan, moves, add, round_):
         """Send this phase's blocks (headers first), receive the neighbours', then unpack or add them."""

@@ -12,6 +12,7 @@ import math
 
 import numpy
 
+from .. import backend
 from ..agreement import message_buffer
 
 __all__ = ["TO_NORTH", "TO_SOUTH", "TO_WEST", "TO_EAST", "FROM", "OPPOSITE", "RECORD", "HaloPlan",
@@ -33,7 +34,8 @@ class HaloPlan:
     fills the halo region. Accumulating (the adjoint), the data travelling
     with ``tag`` is the halo of the opposite move going home, and what
     arrives is added onto that move's interior. A zero width has no buffers
-    (the message is a header alone).
+    (the message is a header alone). The buffers are kept across calls:
+    :meth:`claim` orders their reuse after another CUDA stream's work.
     """
 
     def __init__(self, P, h, w, r, c):
@@ -51,6 +53,12 @@ class HaloPlan:
                 empty = width == 0 or math.prod(shape) == 0
                 self.outgoing[tag] = (None, None) if empty else message_buffer(P, shape, P.dtype)
                 self.incoming[tag] = (None, None) if empty else message_buffer(P, shape, P.dtype)
+        self._streams = backend.StreamOrder()
+
+    def claim(self, P):
+        """Ready the buffers for a call on ``P`` (on a device: after the last call's stream, see the stream rule)."""
+        self._streams.claim(P)
+        return self
 
 
 def _runs(a, region):
