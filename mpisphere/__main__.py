@@ -1,11 +1,18 @@
-"""``python -m mpisphere diagnose``: what MPI, which GPU path, and does it work.
+"""``python -m mpisphere diagnose`` / ``calibrate``: what MPI and GPU path, and this machine's Legendre rates.
 
-Prints the MPI library mpi4py loaded, the CUDA-aware decision and where it
+``diagnose`` prints the MPI library mpi4py loaded, the CUDA-aware decision and where it
 came from, and, when a GPU is visible and the decision is "CUDA-aware", tries
 one device-buffer ``Sendrecv`` in a child process: a library that wrongly
 claims CUDA support usually crashes on device pointers, and it is better that
 the child crashes here than a user's job later. Run it on one rank, on the
 kind of node the job will use (``srun -n 1 python -m mpisphere diagnose``).
+
+``calibrate`` measures the rates ``legendre="auto"`` chooses each
+batch's Legendre strategy by (:class:`mpisphere.sht.strategies.MachineModel`)
+and prints them, or writes them with ``--out FILE`` for
+``MPISPHERE_MACHINE_MODEL=FILE``. Run it on one core of a compute node, as
+the transforms run there (``OMP_NUM_THREADS=1 srun -n 1 python -m mpisphere
+calibrate --out machine.json``).
 """
 
 import argparse
@@ -94,10 +101,31 @@ def main(argv=None):
     sub = parser.add_subparsers(dest="command", required=True)
     cmd = sub.add_parser("diagnose", help="report the MPI library and the GPU buffer path")
     cmd.add_argument("--probe-timeout", type=float, default=120, help="seconds for the device-buffer probe")
+    cmd = sub.add_parser("calibrate", help="measure this machine's Legendre rates (for legendre='auto')")
+    cmd.add_argument("--out", default=None, help="write them as JSON here (for MPISPHERE_MACHINE_MODEL)")
+    cmd.add_argument("--repeats", type=int, default=5, help="timed runs of each kernel (the median is kept)")
     args = parser.parse_args(argv)
     if args.command == "diagnose":
         return diagnose(probe_timeout=args.probe_timeout)
+    if args.command == "calibrate":
+        return calibrate(args.out, args.repeats)
     return 2
+
+
+def calibrate(path=None, repeats=5, out=sys.stdout):
+    """Measure and print (or write) this machine's :class:`~mpisphere.sht.strategies.MachineModel`."""
+    from .sht.calibration import calibrate as measure
+    from .sht.strategies import MachineModel
+    from .sht.strategies.machine import MODEL_VARIABLE
+
+    model = measure(repeats=repeats)
+    defaults = MachineModel()
+    out.write(f"{model.describe()}\n(defaults: {defaults.describe()})\n")
+    if path:
+        with open(path, "w") as f:
+            f.write(model.as_json() + "\n")
+        out.write(f"written to {path}: export {MODEL_VARIABLE}={path} on every rank\n")
+    return 0
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ __all__ = ["Config", "config"]
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
-_SWITCHES = ("debug", "agreement", "cuda_aware", "force_staging")
+_SWITCHES = ("debug", "agreement", "cuda_aware", "force_staging", "device_kernels")
 
 
 def _parse_flag(name, value, allow_none):
@@ -70,6 +70,12 @@ class Config:
         Testing aid: run the host-staging code path for NumPy buffers too, so
         that the staging logic is exercised on machines without a GPU. Results
         are identical, only slower.
+    device_kernels : bool
+        Testing aid: NumPy arrays take the algorithms written for CuPy arrays
+        (batched products, one copy per layout change, no host loops), so that
+        a machine without a GPU can check their results and count the
+        operations a call issues (``tests/test_launch_counts.py``). Results
+        agree to rounding; the host is slower this way.
     """
 
     __slots__ = tuple("_" + name for name in _SWITCHES)
@@ -80,6 +86,7 @@ class Config:
         self._agreement = _parse_flag("MPISPHERE_AGREEMENT", environ.get("MPISPHERE_AGREEMENT", "1"), False)
         self._cuda_aware = _parse_flag("MPISPHERE_CUDA_AWARE", environ.get("MPISPHERE_CUDA_AWARE", ""), True)
         self._force_staging = False
+        self._device_kernels = False
 
     @property
     def debug(self):
@@ -112,6 +119,14 @@ class Config:
     @force_staging.setter
     def force_staging(self, value):
         self._force_staging = _check_flag("force_staging", value, False)
+
+    @property
+    def device_kernels(self):
+        return self._device_kernels
+
+    @device_kernels.setter
+    def device_kernels(self, value):
+        self._device_kernels = _check_flag("device_kernels", value, False)
 
     def override(self, **switches):
         """Context manager that sets switches and restores them on exit.

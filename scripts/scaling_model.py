@@ -102,7 +102,7 @@ def measure_table_free_rate(dtype, nlat=361, lmax=181, fields=8):
     from mpisphere import Layout
     from mpisphere.quadrature import latitudes
     from mpisphere.sht.costs import row_table_entries
-    from mpisphere.sht.own_latitudes import TableFreeLegendre
+    from mpisphere.sht.strategies.table_free import TableFreeLegendre
     theta, _ = latitudes(nlat, "equiangular")
     orders = numpy.arange(lmax)
     stage = TableFreeLegendre(lmax, orders, theta, "ortho", True, False, numpy.result_type(dtype, numpy.complex64),

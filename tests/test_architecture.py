@@ -185,3 +185,52 @@ def test_the_rules_see_second_copies():
     for start, line in samples.items():
         found = [what for what, rule in OWN_RULES.items() if rule.search(line)]
         assert len(found) == 1 and found[0].startswith(start), (line, found)
+
+
+# --- findings before the agreement; one home per Legendre strategy -------------------------------------------
+
+def findings_while_running(path):
+    """``(line, function)`` of every ``raise InputError(...)`` inside a method that runs after the agreement.
+
+    ``_run`` and its helpers (``_run_*``) do the work once every rank has
+    agreed: a finding there would be raised on one rank only (the others are
+    already communicating), and as mpisphere's internal record. Checks
+    belong in ``_output`` (or a ``_check_*``), before the agreement.
+    """
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.FunctionDef) and node.name.startswith("_run"):
+            for inner in ast.walk(node):
+                if isinstance(inner, ast.Raise) and isinstance(inner.exc, ast.Call) and \
+                        getattr(inner.exc.func, "id", getattr(inner.exc.func, "attr", None)) == "InputError":
+                    found.append((inner.lineno, node.name))
+    return found
+
+
+def test_no_finding_is_raised_after_the_agreement():
+    wrong = [f"{path.relative_to(ROOT)}:{line}: raise InputError in {name}"
+             for path in sorted(PACKAGE.rglob("*.py")) for line, name in findings_while_running(path)]
+    assert not wrong, "checks made while running (move them to _output, before the agreement):\n" + "\n".join(wrong)
+
+
+def test_the_finding_checker_sees_a_late_check(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text("class A:\n    def _output(self, d, s):\n        raise InputError('fine')\n"
+                      "    def _run_columns(self, d, x, out):\n        raise InputError('late', TypeError)\n")
+    assert findings_while_running(sample) == [(5, "_run_columns")]
+
+
+def test_each_legendre_strategy_lives_in_its_own_record():
+    """The transforms ask the strategy records, never compare strategy names (a new strategy is one file)."""
+    names = re.compile(r"""[!=]=\s*["'](transpose|reduce-scatter|table-free)["']|["'](transpose|reduce-scatter|"""
+                       r"""table-free)["']\s*[!=]=""")
+    homes = {"sht.strategies", "sht.strategies.base", "sht.strategies.transpose", "sht.strategies.reduce_scatter",
+             "sht.strategies.table_free", "sht.costs"}
+    wrong = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if module_name(path) in homes:
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if names.search(line):
+                wrong.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert not wrong, "a Legendre strategy named outside its record:\n" + "\n".join(wrong)

@@ -8,6 +8,7 @@ import mpisphere
 from mpisphere import (DistributedInverseRealSHT, DistributedInverseRealVectorSHT, DistributedRealSHT,
                        DistributedRealVectorSHT, dottest)
 from mpisphere.sht import costs
+from mpisphere.sht.orders import order_assignment
 
 from helpers import random_array, rank_rng, tile
 from test_sht import QUADRATURES, reference_forward, reference_inverse
@@ -118,8 +119,13 @@ def test_reduce_scatter_tables_shrink_with_every_polar_rank(grid):
         largest = grid.cart.allreduce(sht.table_bytes(), op=MPI.MAX)
         counted = costs.legendre_table_bytes(strategy, nlat, sht.lmax, sht.mmax, grid.npolar, grid.nazimuth)
         assert largest == counted, strategy
-    whole = costs.legendre_table_bytes("reduce-scatter", nlat, sht.lmax, sht.mmax, 1, grid.nazimuth)
-    assert counted <= whole / grid.npolar + whole / nlat * grid.npolar  # the own latitudes of the tallest tile
+    # the same orders' functions at every latitude, unsplit (on one polar rank the tables are parity-split: half)
+    whole = max(8 * costs.row_table_entries(sht.lmax, mine, nlat)
+                for mine in order_assignment(sht.mmax, sht.lmax, grid.nazimuth))
+    if grid.npolar > 1:
+        assert counted <= whole / grid.npolar + whole / nlat * grid.npolar  # the own latitudes of the tallest tile
+    else:
+        assert counted == costs.legendre_table_bytes("transpose", nlat, sht.lmax, sht.mmax, 1, grid.nazimuth)
     assert DistributedRealSHT(grid, nlat, nlon, legendre="table-free").table_bytes() == 0
 
 
@@ -209,3 +215,56 @@ def test_overlap_with_a_batch_too_small_to_split_runs_as_one_chunk(grid):
     sht = DistributedRealSHT(grid, 18, 32, overlap=True)
     x = random_array(rank_rng(grid.cart, 11), sht.domain_shape((1,)), numpy.float64)
     assert_close(grid, sht.forward(x), DistributedRealSHT(grid, 18, 32).forward(x), numpy.float64, "forward")
+
+
+def test_a_device_array_is_refused_by_the_table_free_strategy_before_the_ranks_agree(grid):
+    """The refusal is part of the call's checks (every rank raises the TypeError), not of its run.
+
+    A CuPy array is described by its spec; the check needs no GPU.
+    """
+    from mpisphere.agreement import InputError, Spec
+    from mpisphere.operators import FORWARD
+    for options, hint in ((dict(legendre="table-free"), "legendre='transpose' or 'reduce-scatter'"),
+                          (dict(max_table_bytes=0), "max_table_bytes")):
+        sht = DistributedRealSHT(grid, 17, 32, **options)
+        assert sht.legendre == "table-free"
+        with pytest.raises(InputError) as found:
+            sht._output(FORWARD, Spec(sht.domain_shape((2,)), numpy.dtype(numpy.float64), True))
+        assert found.value.kind is TypeError and "runs on host arrays only" in found.value.text
+        assert hint in found.value.text
+    held = DistributedRealSHT(grid, 17, 32, legendre="transpose")
+    spec = Spec(held.domain_shape((2,)), numpy.dtype(numpy.float64), True)
+    assert held._output(FORWARD, spec)[0].device
+
+
+def test_auto_runs_each_batch_with_the_strategy_the_cost_model_gives(grid):
+    """Few fields read a whole table for little work: auto runs them table-free; many fields with the tables."""
+    from mpisphere.sht.strategies import MachineModel
+    sht = DistributedRealSHT(grid, 61, 120, 61, 61)
+    assert sht.legendre == "transpose" and sht.machine == MachineModel()
+    # a machine whose tables stream slowly: one field runs table-free, many with the tables
+    slow = MachineModel(analysis_table_bandwidth=1e6, cache_bytes=0)
+    sht.machine = slow
+    assert sht.legendre_for(1)[0] == "table-free"
+    many = sht.legendre_for(10 ** 6)
+    assert many[0] == "transpose" and "modelled Legendre step" in many[1]
+    # every batch gives the same numbers to rounding, whichever strategy runs it
+    x = random_array(rank_rng(grid.cart, 3), sht.domain_shape((1,)), numpy.float64)
+    reference = DistributedRealSHT(grid, 61, 120, 61, 61, legendre="transpose").forward(x)
+    assert_close(grid, sht.forward(x), reference, numpy.float64, "one field, table-free")
+    assert sht.legendre_for(1, device=True)[0] == "transpose"  # ducc0 runs on the host only
+    assert DistributedRealSHT(grid, 61, 120, legendre="transpose").legendre_for(1) == ("transpose", "chosen")
+
+
+def test_a_machine_model_file_is_read_and_checked(grid, tmp_path, monkeypatch):
+    from mpisphere.sht.strategies import MachineModel
+    from mpisphere.sht.strategies.machine import MODEL_VARIABLE
+    path = tmp_path / f"machine-{grid.rank}.json"
+    model = MachineModel(analysis_on_the_fly_rate=1.0)
+    path.write_text(model.as_json())
+    monkeypatch.setenv(MODEL_VARIABLE, str(path))
+    loaded = DistributedRealSHT(grid, 17, 32).machine
+    assert loaded.analysis_on_the_fly_rate == 1.0 and loaded.source == str(path)
+    path.write_text("{}")
+    with pytest.raises(ValueError, match="not a machine model written by 'python -m mpisphere calibrate"):
+        DistributedRealSHT(grid, 17, 32)

@@ -4,6 +4,7 @@ import numpy
 import pytest
 
 from mpisphere import DISTRIBUTED, REPLICATED, Layout, LinearOperator, dottest, inner
+from mpisphere.agreement import InputError
 
 from helpers import rank_rng
 
@@ -226,3 +227,24 @@ def test_out_must_be_a_writable_array(comm):
     out.flags.writeable = False
     with pytest.raises(ValueError, match="out is read-only"):
         CopyTo(comm).forward(numpy.ones(2), out=out)
+
+
+class LateFinding(LinearOperator):
+    """An operator of the full protocol whose run finds a problem after the agreement (a defect of its own)."""
+
+    def __init__(self, comm):
+        self.domain = self.range = Layout(DISTRIBUTED, comm)
+        self._comm = comm
+
+    def _output(self, direction, spec):
+        return spec, spec.describe()
+
+    def _run(self, direction, x, out, context):
+        raise InputError("this rank found a problem while running", TypeError)
+
+
+def test_a_finding_raised_while_running_reaches_the_caller_as_the_exception_it_names(comm):
+    """``InputError`` is mpisphere's record of a finding: the caller sees its TypeError/ValueError, never the record."""
+    with pytest.raises(TypeError, match="LateFinding.forward: this rank found a problem while running") as found:
+        LateFinding(comm).forward(numpy.ones(3))
+    assert type(found.value) is TypeError and not isinstance(found.value, InputError)

@@ -213,7 +213,10 @@ class LinearOperator(Described):
             raise RuntimeError(f"{who}: {REFUSED} on this rank; the other ranks raise too when that call ends")
         try:
             context = self._agreement(comm, who, error, description, spec, signature)
-            (runner or self._run)(label if in_place else direction, x, out, context)
+            try:
+                (runner or self._run)(label if in_place else direction, x, out, context)
+            except InputError as exc:  # a finding is raised as the exception it names, never as itself
+                raise exc.kind(f"{who}: {exc.text}") from None
             return out
         finally:
             guard.leave()

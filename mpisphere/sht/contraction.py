@@ -25,10 +25,10 @@ instead of hundreds).
 
 import numpy
 
-from .. import backend
+from .. import backend, dtypes
 
-__all__ = ["METHODS", "BATCH_INNERMOST", "holds_columns", "analyze", "synthesize", "copy_degrees",
-           "degrees_are_triangular"]
+__all__ = ["METHODS", "BATCH_INNERMOST", "holds_columns", "columns_of", "real_columns", "columns_or_copy",
+           "analyze", "synthesize", "copy_degrees", "degrees_are_triangular"]
 
 METHODS = ("auto", "per-order", "batched")
 
@@ -48,8 +48,40 @@ def holds_columns(phys):
                 and (phys.strides[1] == c * b * item or m == 1))
 
 
+def columns_of(a):
+    """``a`` (logical ``(B, C, n, m)`` complex) as real ``(n, m, 2 C B)`` columns, or None if not held so.
+
+    The rows (latitudes or degrees) may be further apart than one row (a
+    view of a wider buffer); the columns of an order must be contiguous.
+    """
+    phys = a.transpose(BATCH_INNERMOST)
+    return real_columns(phys) if holds_columns(phys) else None
+
+
+def real_columns(phys):
+    """A ``(n, m, C, B)`` complex array with contiguous columns as real ``(n, m, 2 C B)``."""
+    return phys.reshape(phys.shape[0], phys.shape[1], -1).view(dtypes.real_of(phys.dtype))
+
+
+def columns_or_copy(a, workspace, name, copy_in):
+    """``a`` as real columns (:func:`columns_of`), and the scratch buffer used for that (or None).
+
+    A view when ``a`` is held batch-innermost; otherwise a buffer of that
+    layout from ``workspace`` (holding a copy of ``a`` when ``copy_in``),
+    which the caller copies back when it is an output.
+    """
+    columns = columns_of(a)
+    if columns is not None:
+        return columns, None
+    phys = a.transpose(BATCH_INNERMOST)
+    staged = workspace.scratch(name, a, a.size).reshape(phys.shape)
+    if copy_in:
+        backend.copy_into(staged, phys)
+    return real_columns(staged), staged
+
+
 def _batched(method, like):
-    return method == "batched" or (method == "auto" and backend.is_device_array(like))
+    return method == "batched" or (method == "auto" and backend.device_kernels(like))
 
 
 def _device_id(a):

@@ -18,53 +18,32 @@ import numpy
 from ..partition import split_sizes
 from ..validation import check_choice, check_int
 from .orders import order_assignment
+from .strategies import NAMES, strategy
+from .strategies.base import row_entries, triangle_entries
 
 __all__ = ["table_entries", "row_table_entries", "RankCost", "sht_costs", "LEGENDRE_STRATEGIES",
-           "legendre_table_bytes", "choose_legendre", "resolve_legendre", "default_table_budget"]
+           "legendre_table_bytes", "choose_legendre", "resolve_legendre", "batch_candidates", "choose_for_batch",
+           "default_table_budget"]
 
 TRANSPOSES = ("longitudes", "orders", "latitudes", "degrees")
 
-LEGENDRE_STRATEGIES = ("transpose", "reduce-scatter", "table-free")
-"""How a transform's Legendre step is spread over the polar ranks (see :mod:`mpisphere.sht.transforms`)."""
+LEGENDRE_STRATEGIES = NAMES
+"""How a transform's Legendre step is spread over the polar ranks (:mod:`mpisphere.sht.strategies`)."""
+
+table_entries = triangle_entries
+row_table_entries = row_entries
 
 
-def table_entries(lmax, orders, nlat, vector=False):
-    """Table values held for ``orders`` (parity-split, northern half), as :class:`LegendreTables` holds them.
-
-    Scalar: degrees ``m .. lmax - 1`` per order. Vector: ``max(m, 1) .. lmax``.
-    """
-    n_north = nlat // 2
-    n_half = n_north + nlat % 2
-    top = lmax + 1 if vector else lmax
-    total = 0
-    for m in numpy.asarray(orders).tolist():
-        start = max(m, 1) if vector else m
-        rows = max(top - start, 0)
-        total += ((rows + 1) // 2) * n_half + (rows // 2) * n_north
-    return total
-
-
-def row_table_entries(lmax, orders, nlat, vector=False):
-    """Table values held for ``orders`` at ``nlat`` latitudes without a parity split (the reduce-scatter tables)."""
-    top = lmax + 1 if vector else lmax
-    return nlat * sum(max(top - (max(m, 1) if vector else m), 0) for m in numpy.asarray(orders).tolist())
-
-
-def legendre_table_bytes(strategy, nlat, lmax, mmax, npolar, nazimuth, *, vector=False, dtype=numpy.float64,
+def legendre_table_bytes(strategy_name, nlat, lmax, mmax, npolar, nazimuth, *, vector=False, dtype=numpy.float64,
                          orders="contiguous"):
-    """The largest table a rank of the grid holds with ``strategy`` (bytes; 0 for ``"table-free"``).
+    """The largest table a rank of the grid holds with the strategy ``strategy_name`` (bytes).
 
     ``"transpose"``: each rank's orders at every latitude, parity-split;
-    ``"reduce-scatter"``: its orders at its own latitudes, whole.
+    ``"reduce-scatter"``: its orders at its own latitudes, whole (parity-split
+    on one polar rank, where they are all of them); ``"table-free"``: 0.
     """
-    itemsize = numpy.dtype(dtype).itemsize
-    assignment = order_assignment(mmax, lmax, nazimuth, orders)
-    if strategy == "transpose":
-        return itemsize * max(table_entries(lmax, mine, nlat, vector) for mine in assignment)
-    if strategy == "reduce-scatter":
-        tallest = max(split_sizes(nlat, npolar))
-        return itemsize * max(row_table_entries(lmax, mine, tallest, vector) for mine in assignment)
-    return 0
+    return strategy(strategy_name).table_bytes(nlat, lmax, mmax, npolar, nazimuth, vector=vector, dtype=dtype,
+                                               orders=orders)
 
 
 def default_table_budget():
@@ -83,12 +62,13 @@ def default_table_budget():
 
 def choose_legendre(nlat, lmax, mmax, npolar, nazimuth, *, vector=False, dtype=numpy.float64, orders="contiguous",
                     budget=None, table_free=True):
-    """The strategy ``legendre="auto"`` resolves to: ``(strategy, why)``.
+    """The strategy whose tables ``legendre="auto"`` builds: ``(strategy, why)``, by memory.
 
-    Today's ``"transpose"`` whenever its tables fit ``budget`` (the fastest
-    measured here, docs/benchmarks.md); else ``"reduce-scatter"`` if its
-    tables (which shrink with every polar rank) fit; else ``"table-free"``
-    (ducc0 installed), else ``"reduce-scatter"``.
+    ``"transpose"`` whenever its tables fit ``budget`` (the fastest for many
+    fields, and on a GPU); else ``"reduce-scatter"`` if its tables (which
+    shrink with every polar rank) fit; else ``"table-free"`` (ducc0
+    installed), else ``"reduce-scatter"``. Per batch, ``auto`` may still run
+    a batch with ``"table-free"`` (:func:`choose_for_batch`).
     """
     budget = default_table_budget() if budget is None else budget
     options = dict(vector=vector, dtype=dtype, orders=orders)
@@ -118,11 +98,44 @@ def resolve_legendre(legendre, budget, nlat, lmax, mmax, npolar, nazimuth, *, ve
             raise ValueError(f"{who}: max_table_bytes is the budget legendre='auto' chooses by; "
                              f"legendre={legendre!r} does not use it")
     if legendre == "table-free" and not table_free:
-        raise ImportError(f"{who}: legendre='table-free' needs ducc0: pip install '.[ducc0]' in the mpisphere clone")
+        raise ImportError(f"{who}: {strategy('table-free').available()[1]}")
     if legendre != "auto":
         return legendre, "chosen"
     return choose_legendre(nlat, lmax, mmax, npolar, nazimuth, vector=vector, dtype=dtype, orders=orders,
                            budget=budget, table_free=table_free)
+
+
+def batch_candidates(held, device=False, table_free=True):
+    """The strategies ``auto`` may run a batch with: the held tables' and, on the host, the one needing none."""
+    if device or not table_free or held == "table-free":
+        return (held,)
+    return (held, "table-free")
+
+
+def choose_for_batch(held, model, nlat, lmax, mmax, npolar, nazimuth, batch, *, vector=False,
+                     dtype=numpy.float64, orders="contiguous", synthesis=False, device=False, table_free=True):
+    """The strategy ``legendre="auto"`` runs one batch with: ``(strategy, why)``.
+
+    ``held``: the strategy whose tables the transform holds
+    (:func:`choose_legendre`). A batch on the host runs with it or with
+    ``"table-free"`` (which needs no tables), whichever the cost model on
+    ``model`` (:class:`~mpisphere.sht.strategies.MachineModel`) gives the
+    shorter Legendre step: a table product reads the whole table for a few
+    fields' work, while ducc0's recurrence costs the same per field. On a
+    device, ``held`` (ducc0 runs on the host only). ``batch``: the fields
+    (vector fields count once), padded as the transforms pad them;
+    ``synthesis``: an inverse transform's kernels.
+    """
+    candidates = batch_candidates(held, device, table_free)
+    if len(candidates) == 1:
+        return held, "device arrays: the held tables' strategy" if device else "the only candidate"
+    options = dict(vector=vector, dtype=dtype, orders=orders, synthesis=synthesis)
+    times = {name: strategy(name).seconds(model, nlat, lmax, mmax, npolar, nazimuth, batch, **options)
+             for name in candidates}
+    best = min(times, key=lambda name: (times[name], NAMES.index(name)))
+    other = next(name for name in times if name != best)
+    return best, (f"{batch} field(s): modelled Legendre step {times[best] * 1e3:.3g} ms with {best} against "
+                  f"{times[other] * 1e3:.3g} ms with {other}")
 
 
 class RankCost(collections.namedtuple(
@@ -193,8 +206,10 @@ def sht_costs(nlat, nlon, lmax, mmax, npolar, nazimuth, *, batch=1, vector=False
     # coupling, which reads and writes the caller's layout itself)
     slots = 1 if npolar == nazimuth == 1 else 2
     # per azimuth rank (and tile height) once: a grid of thousands of ranks has few distinct ones
+    record = strategy(legendre)
+    holds_tables = record.table_bytes(nlat, lmax, mmax, npolar, nazimuth, vector=vector) > 0
     transpose_entries = [table_entries(lmax, mine, nlat, vector) for mine in assignment]
-    row_entries = {}
+    row_entries_of = {}
     costs = []
     for p in range(npolar):
         for a in range(nazimuth):
@@ -225,12 +240,12 @@ def sht_costs(nlat, nlon, lmax, mmax, npolar, nazimuth, *, batch=1, vector=False
                 bp * components * (lmax + 1 if vector else lmax) * m_loc * complex_size,
                 padded * components * degree_sizes[p] * m_loc * complex_size)
             values, contracted = entries, batch_polar[p]
-            if legendre != "transpose":
+            if not record.polar_transposes:
                 # own latitudes into every degree for the whole batch; the degrees' partial sums reduce-scattered
-                if (h, a) not in row_entries:
-                    row_entries[h, a] = row_table_entries(lmax, assignment[a], h, vector)
-                values, contracted = row_entries[h, a], padded
-                entries = values if legendre == "reduce-scatter" else 0
+                if (h, a) not in row_entries_of:
+                    row_entries_of[h, a] = record.values(lmax, assignment[a], nlat, h, npolar, vector)
+                values, contracted = row_entries_of[h, a], padded
+                entries = values if holds_tables else 0
                 sent = sent[:2] + (0, padded * components * (lmax - degree_sizes[p]) * m_loc * complex_size)
                 messages = messages[:2] + (0, sum(1 for q in range(npolar) if q != p and degree_sizes[q] * m_loc > 0))
                 intermediates = intermediates[:4] + (padded * components * (lmax + 1 if vector else lmax) * m_loc

@@ -127,7 +127,7 @@ class VectorCoupling(LocalStage):
 
     def _run(self, direction, x, out, context):
         stencil = self._stencil(direction)
-        device = backend.is_device_array(x)
+        device = backend.device_kernels(x)  # one block: a fixed number of launches
         coefficients = backend.on_device_of(x, (stencil.up, stencil.down, stencil.diag, stencil.swap),
                                             self._device, direction)
         # (L, m, 2, B) views: rows are degrees, a (row, order) holds both components of the batch

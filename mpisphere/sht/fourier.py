@@ -110,8 +110,13 @@ class FourierStage(LocalStage):
         """``c_m`` (see the class notes), ``(half,)`` real, where ``like`` lives."""
         return backend.on_device_of(like, self._host_multiplicity, self._device)
 
+    def _ducc0(self, x, out):
+        """Whether ducc0 transforms these host arrays (its strided inverse runs row by row: a host loop)."""
+        return self.fft == "ducc0" and isinstance(x, numpy.ndarray) and isinstance(out, numpy.ndarray) \
+            and not backend.device_kernels(x)
+
     def _rfft(self, x, norm, out):
-        if self.fft == "ducc0" and isinstance(x, numpy.ndarray) and isinstance(out, numpy.ndarray):
+        if self._ducc0(x, out):
             import ducc0.fft
             ducc0.fft.r2c(x, axes=(-1,), forward=True, inorm=2 if norm == "forward" else 0, out=out, nthreads=1)
         elif _numpy_out(x, out):
@@ -121,8 +126,7 @@ class FourierStage(LocalStage):
 
     def _irfft(self, spectrum, norm, out):
         """``out = irfft(spectrum)``; a ``spectrum`` with fewer than ``half`` orders is zero-padded."""
-        if self.fft == "ducc0" and isinstance(spectrum, numpy.ndarray) and isinstance(out, numpy.ndarray) \
-                and out.dtype == self.real:
+        if self._ducc0(spectrum, out) and out.dtype == self.real:
             import ducc0.fft
             # like NumPy's irfft, c2r uses only the real parts of the m = 0 and m = nlon / 2 terms
             options = dict(axes=(-1,), lastsize=self.nlon, forward=False, inorm=2 if norm == "backward" else 0,

@@ -69,21 +69,6 @@ class LegendreStage(LocalStage):
         return Abilities(prefers=BATCH_INNERMOST, adapts=True, in_place=True,
                          consume=functools.partial(self._run_consuming, direction))
 
-    @staticmethod
-    def _columns(a):
-        """``a`` as a real ``(n, m, 2 C B)`` view in the batch-innermost layout, or None if it is not held so.
-
-        The rows (latitudes or degrees) may be further apart than one row
-        (a view of a wider buffer); the columns of an order must be contiguous.
-        """
-        phys = a.transpose(BATCH_INNERMOST)
-        return LegendreStage._real(phys) if contraction.holds_columns(phys) else None
-
-    @staticmethod
-    def _real(phys):
-        """A ``(n, m, C, B)`` complex array with contiguous columns as real ``(n, m, 2 C B)``."""
-        return phys.reshape(phys.shape[0], phys.shape[1], -1).view(dtypes.real_of(phys.dtype))
-
     def _contract(self, direction, source, target, like, zero=True):
         if direction == FORWARD:
             contraction.analyze(self.tables, source, target, self._workspace, self.method, self._weights(like),
@@ -104,9 +89,9 @@ class LegendreStage(LocalStage):
         in place; the analysis contracts in place in its input and copies
         out. Both copy only the degrees each order has.
         """
-        source, target = self._columns(x), self._columns(out)
+        source, target = contraction.columns_of(x), contraction.columns_of(out)
         # half a copy where the degrees of the orders form a triangle (per-row copies: host only)
-        triangle = self._triangular and not backend.is_device_array(x)
+        triangle = self._triangular and not backend.device_kernels(x)
         if source is not None and target is not None:
             self._contract(direction, source, target, x)
             return
@@ -116,12 +101,12 @@ class LegendreStage(LocalStage):
                 contraction.copy_degrees(self.tables, x, staged, zero=False)
             else:
                 backend.copy_into(staged, x)
-            self._contract(direction, self._columns(staged), target, x)
+            self._contract(direction, contraction.columns_of(staged), target, x)
             return
         if target is None and source is not None and consuming and out.shape[2] <= x.shape[2]:
             result = backend.as_strided(x, out.shape, x.strides)
             triangle = triangle and direction == FORWARD  # the output's rows are degrees
-            self._contract(direction, source, self._columns(result), x, zero=not triangle)
+            self._contract(direction, source, contraction.columns_of(result), x, zero=not triangle)
             if triangle:
                 contraction.copy_degrees(self.tables, result, out)
             else:
@@ -131,11 +116,11 @@ class LegendreStage(LocalStage):
         if source is None:
             staged = self._workspace.scratch("in", x, x.size).reshape(x.transpose(BATCH_INNERMOST).shape)
             backend.copy_into(staged, x.transpose(BATCH_INNERMOST))
-            source = self._real(staged)
+            source = contraction.real_columns(staged)
         scratch = None
         if target is None:
             scratch = self._workspace.scratch("out", out, out.size).reshape(out.transpose(BATCH_INNERMOST).shape)
-            target = self._real(scratch)
+            target = contraction.real_columns(scratch)
         self._contract(direction, source, target, x)
         if scratch is not None:
             backend.copy_into(out.transpose(BATCH_INNERMOST), scratch)

@@ -68,11 +68,11 @@ from ..quadrature import latitudes, rule, truncate_sht
 from . import contraction as kernels
 from . import costs
 from .fourier import FourierStage, Truncation, resolve_fft
-from .legendre_stage import LegendreStage
-from .own_latitudes import OwnLatitudeTables, TableFreeLegendre, own_latitude_tables, table_free_available
 from .pipeline import Pipeline
 from .orders import ORDER_LAYOUTS, order_assignment, order_permutation
-from .tables import scalar_tables
+from .strategies import MachineModel, strategy
+from .strategies.base import LegendreRequest
+from .strategies.table_free import ducc0_available
 
 __all__ = ["Transform", "DistributedRealSHT", "DistributedInverseRealSHT"]
 
@@ -162,7 +162,12 @@ class Transform(LinearOperator):
         self.orders = check_choice(orders, ORDER_LAYOUTS, "orders", who)
         self._assignment = order_assignment(self.mmax, self.lmax, grid.nazimuth, orders)
         self.theta, self.weights = latitudes(self.nlat, self.quadrature)
+        self._auto = legendre == "auto"
         self.legendre, self.legendre_reason = self._resolve_legendre(legendre, max_table_bytes)
+        self.machine = MachineModel.load() if self._auto else None
+        if self._auto and len(costs.batch_candidates(self.legendre, table_free=ducc0_available())) > 1:
+            self.legendre_reason += ("; per batch of host arrays, 'table-free' instead where the cost model "
+                                     "gives it the shorter Legendre step (few fields: see legendre_for)")
         self.tile_shape = grid.local_shape(self.nlat, self.nlon)
         self.block_shape = (split_sizes(self.lmax, grid.npolar)[grid.polar_rank],
                             len(self._assignment[grid.azimuth_rank]))
@@ -183,15 +188,38 @@ class Transform(LinearOperator):
         self._second_scratch = backend.Workspace()
 
     def _resolve_legendre(self, legendre, budget):
-        """The Legendre strategy (``legendre`` or what ``"auto"`` picks) and why."""
+        """The strategy whose tables this transform holds (``legendre``, or what ``"auto"`` picks) and why."""
         return costs.resolve_legendre(legendre, budget, self.nlat, self.lmax, self.mmax, self.grid.npolar,
                                       self.grid.nazimuth, vector=self._components > 1, dtype=self.dtype,
-                                      orders=self.orders, table_free=table_free_available(), who=self.name)
+                                      orders=self.orders, table_free=ducc0_available(), who=self.name)
+
+    def legendre_for(self, batch, device=False):
+        """The Legendre strategy a call with ``batch`` fields runs, and why: ``(name, reason)``.
+
+        With ``legendre="auto"`` a batch of host arrays runs with the held
+        tables' strategy (:attr:`legendre`) or with ``"table-free"``,
+        whichever the cost model (:func:`mpisphere.sht.costs.choose_for_batch`
+        on :attr:`machine`) gives the shorter Legendre step: on one rank a
+        field or two read the whole table for little work, where ducc0's
+        recurrence costs the same per field. Device arrays, and a strategy
+        named explicitly, always run with :attr:`legendre`. ``batch``: the
+        product of the leading axes (a vector field counts once).
+        """
+        batch = check_int(batch, "batch", f"{self.name}.legendre_for", minimum=1)
+        if not self._auto:
+            return self.legendre, "chosen"
+        padded = max(batch, self.grid.npolar, self.grid.nazimuth)
+        return costs.choose_for_batch(self.legendre, self.machine, self.nlat, self.lmax, self.mmax,
+                                      self.grid.npolar, self.grid.nazimuth, padded, vector=self._components > 1,
+                                      dtype=self.dtype, orders=self.orders, synthesis=self._synthesis,
+                                      device=device, table_free=ducc0_available())
 
     def _describe(self):
-        # the resolved strategy decides the messages: ranks that resolved "auto" differently must not meet
+        # the resolved strategy decides the messages: ranks that resolved "auto" differently must not meet; with
+        # auto, each batch's strategy comes from the machine model, which must be the same on every rank too
         text = description_of(self)
-        return f"{text[:-1]}, legendre resolved={self.legendre!r})"
+        model = f", {self.machine.describe()}" if self.machine is not None else ""
+        return f"{text[:-1]}, legendre resolved={self.legendre!r}{model})"
 
     def free(self):
         """Drop the cached pipelines (their transposes' buffers with them) and the grid's shared scratch.
@@ -310,6 +338,12 @@ class Transform(LinearOperator):
             raise InputError(f"expected a {shape_name} of {core}{comp} in the last {len(core)} axes for grid rank "
                              f"{g.rank} (polar {g.polar_rank}, azimuth {g.azimuth_rank}) of a {g.npolar} x "
                              f"{g.nazimuth} grid, got shape {spec.shape}")
+        if spec.device and not strategy(self.legendre).runs_on_device:
+            how = (f"legendre='auto' chose it ({self.legendre_reason}); give the tables room with max_table_bytes= "
+                   "or pass legendre='reduce-scatter'" if self._auto else
+                   "build the transform with legendre='transpose' or 'reduce-scatter' for device arrays")
+            raise InputError(f"legendre={self.legendre!r} runs on host arrays only (ducc0 evaluates its functions on "
+                             f"the CPU), got a device (CuPy) array; {how}", TypeError)
         lead = spec.shape[:len(spec.shape) - len(core)]
         result = spec.but(shape=lead + self._core(side_out), dtype=self.dtype if side_out == "grid" else self.cdtype)
         return result, spec.describe(range(len(spec.shape) - 2, len(spec.shape)))
@@ -351,8 +385,10 @@ class Transform(LinearOperator):
     def _pipeline(self, batch, like, second=False):
         """The pipeline for ``batch`` fields; ``second``: the overlap's other chunk, with buffers of its own."""
         workspace = self._second_scratch if second else self.grid.scratch
-        return self._pipelines.get((batch, backend.is_device_array(like), second),
-                                   lambda: self._build_pipeline(batch, workspace))
+        device = backend.is_device_array(like)
+        name, _ = self.legendre_for(batch, device)
+        return self._pipelines.get((batch, device, second, name),
+                                   lambda: self._build_pipeline(batch, workspace, strategy(name)))
 
     def _transposes(self, batch, degrees):
         """The four transposes of a pipeline for ``batch`` fields and ``degrees`` spectral rows."""
@@ -380,52 +416,41 @@ class Transform(LinearOperator):
         lat, _ = self.grid.local_slices(self.nlat, self.nlon)
         return lat
 
+    _tables_kind = "scalar"
+
+    def _legendre_request(self):
+        """What this transform asks of its Legendre strategy (a :class:`~.strategies.base.LegendreRequest`)."""
+        return LegendreRequest(
+            kind=self._tables_kind, lmax=self.lmax, orders=self.local_orders, theta=self.theta,
+            own=self._own_latitudes(), npolar=self.grid.npolar, norm=self.norm, csphase=self.csphase,
+            synthesis=self._table_kind == "synthesis", dtype=self.dtype, cdtype=self.cdtype,
+            weights=2.0 * math.pi * self.weights if self._table_kind == "analysis" else None, layout=self._layout,
+            contraction=self.contraction)
+
     def _build_tables(self):
         # unweighted (the analysis applies the weights in its contraction), so an analysis and a synthesis
         # share one table; norms other than "ortho" scale analysis and synthesis by different degree factors
-        inverse = self._table_kind == "synthesis"
-        key = ("scalar", self.norm, inverse if self.norm != "ortho" else None)
-        if self.legendre == "table-free":
+        # (the vector functions are orthonormal whatever the norm: the coupling applies it)
+        record = strategy(self.legendre)
+        if not record.table_bytes(self.nlat, self.lmax, self.mmax, self.grid.npolar, self.grid.nazimuth):
             return None
-        if self.legendre == "reduce-scatter":
-            theta = self.theta[self._own_latitudes()]
-            return self._shared_tables(key, lambda: own_latitude_tables(
-                "scalar", self.lmax, self.local_orders, theta, self.norm, self.csphase, inverse, self.dtype))
-        return self._shared_tables(key, lambda: scalar_tables(self.lmax, self.local_orders, self.theta, None,
-                                                              self.norm, self.csphase, inverse, self.dtype))
-
-    def _legendre_weights(self):
-        """``2 pi w_k`` (this rank's latitudes only, reduce-scatter) for an analysis, None for a synthesis."""
-        if self._table_kind != "analysis":
-            return None
-        weights = self.weights if self.legendre == "transpose" else self.weights[self._own_latitudes()]
-        return 2.0 * math.pi * weights
-
-    def _legendre_stage(self):
-        """The Legendre step of this transform's strategy (its forward is the analysis's contraction)."""
-        if self.legendre == "transpose":
-            return LegendreStage(self.tables, self.nlat, self.cdtype, self.contraction, self._layout,
-                                 self._legendre_weights())
-        h = self.tile_shape[0]
-        if self.legendre == "reduce-scatter":
-            return OwnLatitudeTables(self.tables, h, self.cdtype, self._layout, self._legendre_weights())
         inverse = self._table_kind == "synthesis"
-        vector = self._components == 2  # the vector functions, up to degree lmax (the coupling's neighbours)
-        return TableFreeLegendre(self.lmax + vector, self.local_orders, self.theta[self._own_latitudes()],
-                                 self.norm, self.csphase, inverse, self.cdtype, self._layout,
-                                 self._legendre_weights(), vector=vector)
+        key = (self._tables_kind,) + ((self.norm, inverse if self.norm != "ortho" else None)
+                                      if self._tables_kind == "scalar" else ())
+        return self._shared_tables(key, lambda: record.build_tables(self._legendre_request()))
 
     def _degree_stages(self):
         """Local stages between the Legendre step and the degree transpose (none for scalar fields)."""
         return []
 
-    def _build_pipeline(self, batch, workspace):
+    def _build_pipeline(self, batch, workspace, record):
         lon, orders, lat, degrees = self._transposes(batch, self.lmax)
-        legendre = self._legendre_stage()
+        tables = self.tables if record.name == self.legendre else None  # a batch's other strategy: table-free
+        legendre = record.stage(self._legendre_request(), tables)
         fourier = FourierStage(self.nlon, self.dtype, self._synthesis, self._layout, self.fft)
         truncation = Truncation(self.mmax, self.nlon // 2 + 1, self._layout, order_permutation(self._assignment))
         extra = self._degree_stages()
-        if self.legendre != "transpose":
+        if not record.polar_transposes:
             # each polar rank contracts its own latitudes into every degree; a Reduce_scatter over the polar
             # ranks completes the sums and splits the degrees (the synthesis: an Allgatherv of the degrees)
             lat = None

@@ -27,8 +27,7 @@ import numpy
 
 from ..legendre import degree_factors
 from .coupling import VectorCoupling
-from .own_latitudes import own_latitude_tables
-from .tables import first_degrees, vector_tables
+from .tables import first_degrees
 from .transforms import Transform
 
 __all__ = ["DistributedRealVectorSHT", "DistributedInverseRealVectorSHT"]
@@ -64,15 +63,7 @@ class _VectorTransform(Transform):
 
     _components = 2
 
-    def _build_tables(self):
-        if self.legendre == "table-free":
-            return None
-        if self.legendre == "reduce-scatter":
-            theta = self.theta[self._own_latitudes()]
-            return self._shared_tables(("vector",), lambda: own_latitude_tables(
-                "vector", self.lmax, self.local_orders, theta, "ortho", self.csphase, False, self.dtype))
-        return self._shared_tables(("vector",), lambda: vector_tables(self.lmax, self.local_orders, self.theta, None,
-                                                                      self.csphase, self.dtype))
+    _tables_kind = "vector"
 
     @functools.cached_property
     def _coupling(self):

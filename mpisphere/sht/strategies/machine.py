@@ -1,0 +1,117 @@
+"""The machine the Legendre cost model is calibrated on: its rates (measured by :mod:`mpisphere.sht.calibration`).
+
+``legendre="auto"`` compares the strategies' modelled times per batch
+(:meth:`~mpisphere.sht.strategies.base.LegendreStrategy.seconds`) on a
+:class:`MachineModel`, with rates for an analysis and for a synthesis (their
+kernels differ: the analysis applies the quadrature weights):
+
+* a product with a table reads the table once and does one multiply-add per
+  entry and column: ``entries * itemsize / table_bandwidth + entries *
+  columns / product_rate``. With few columns (one field is two real
+  columns) the table's bytes dominate: the table is read for little work.
+  A table that fits ``cache_bytes`` is read from the cache: the first term
+  drops out;
+* ducc0's recurrence computes each function value as it goes, for every
+  field again: ``values * fields / on_the_fly_rate``.
+
+The rates are effective ones: :func:`mpisphere.sht.calibration.calibrate`
+fits them to whole one-rank transforms of each strategy, so what every
+field costs besides the contraction (its FFT, layout changes) is in them.
+The defaults were measured on the machines this project is developed on
+(``python -m mpisphere calibrate`` prints the same rates for the machine it
+runs on). A file written by ``python -m mpisphere calibrate --out
+machine.json`` and named by ``MPISPHERE_MACHINE_MODEL=machine.json``
+replaces them, the way FFTW's wisdom does: read when a transform is built,
+the same file on every rank (a transform's description carries the model,
+so ranks that read different ones raise instead of choosing different
+exchanges).
+"""
+
+import dataclasses
+import json
+import math
+import os
+
+import numpy
+
+__all__ = ["MachineModel", "MODEL_VARIABLE"]
+
+MODEL_VARIABLE = "MPISPHERE_MACHINE_MODEL"
+
+_RATES = ("analysis_table_bandwidth", "analysis_product_rate", "analysis_on_the_fly_rate",
+          "synthesis_table_bandwidth", "synthesis_product_rate", "synthesis_on_the_fly_rate")
+
+
+@dataclasses.dataclass(frozen=True)
+class MachineModel:
+    """Rates of one core (float64; float32 tables are half the bytes at twice the product rate).
+
+    Attributes
+    ----------
+    analysis_table_bandwidth, synthesis_table_bandwidth : float
+        Bytes per second a table product with two columns streams.
+    analysis_product_rate, synthesis_product_rate : float
+        Multiply-adds per second of a table product with many columns.
+    analysis_on_the_fly_rate, synthesis_on_the_fly_rate : float
+        Function values per second ducc0's recurrence contracts, per field
+        (one complex column).
+    cache_bytes : int
+        Tables up to this size stay in a core's cache between calls.
+    source : str
+        Where the numbers come from.
+    """
+
+    analysis_table_bandwidth: float = 6.3e9
+    analysis_product_rate: float = 1.1e10
+    analysis_on_the_fly_rate: float = 7.1e9
+    synthesis_table_bandwidth: float = 6.2e9
+    synthesis_product_rate: float = 1.05e10
+    synthesis_on_the_fly_rate: float = 8.1e9
+    cache_bytes: int = 1 << 21
+    source: str = "defaults (measured on a 2-core x86-64 development machine, 2026-12)"
+
+    @classmethod
+    def load(cls, environ=None):
+        """The model named by ``MPISPHERE_MACHINE_MODEL`` (a JSON file from :func:`calibrate`), or the defaults.
+
+        Raises a ``ValueError`` naming the file when it cannot be read.
+        """
+        environ = os.environ if environ is None else environ
+        path = environ.get(MODEL_VARIABLE, "").strip()
+        if not path:
+            return cls()
+        try:
+            with open(path) as f:
+                found = json.load(f)
+            rates = {name: float(found[name]) for name in _RATES}
+            cache = int(found["cache_bytes"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{MODEL_VARIABLE}={path!r}: not a machine model written by 'python -m mpisphere "
+                             f"calibrate --out FILE' ({type(exc).__name__}: {exc})") from None
+        if not all(math.isfinite(v) and v > 0 for v in rates.values()) or cache < 0:
+            raise ValueError(f"{MODEL_VARIABLE}={path!r}: rates must be positive, got {rates}")
+        return cls(**rates, cache_bytes=cache, source=path)
+
+    def describe(self):
+        """The rates as text (part of a transform's description: every rank must use the same model)."""
+        rates = ", ".join(f"{name} {getattr(self, name):.4g}" for name in _RATES)
+        return f"machine({rates}, cache_bytes {self.cache_bytes})"
+
+    def _rate(self, what, synthesis):
+        return getattr(self, f"{'synthesis' if synthesis else 'analysis'}_{what}")
+
+    def table_product_seconds(self, entries, columns, dtype, synthesis=False):
+        """Time of products of tables with ``entries`` entries by ``columns`` real columns."""
+        itemsize = numpy.dtype(dtype).itemsize
+        speed = 2.0 if itemsize == 4 else 1.0
+        streamed = entries * itemsize if entries * itemsize > self.cache_bytes else 0
+        return (streamed / self._rate("table_bandwidth", synthesis)
+                + entries * columns / (self._rate("product_rate", synthesis) * speed))
+
+    def on_the_fly_seconds(self, values, fields, synthesis=False):
+        """Time of ducc0's recurrence over ``values`` function values for ``fields`` complex columns."""
+        return values * fields / self._rate("on_the_fly_rate", synthesis)
+
+    def as_json(self):
+        found = {name: getattr(self, name) for name in _RATES}
+        return json.dumps({**found, "cache_bytes": self.cache_bytes, "source": self.source}, indent=1)

@@ -1,0 +1,134 @@
+"""A fixed number of operations per transform, whatever nlat, lmax and the batch: per-latitude loops caught on a CPU.
+
+A GPU runs a transform as fast as its launches allow: a Python loop over
+latitudes, degrees or orders that issues work per iteration makes the
+launches grow with the grid (the reduce-scatter strategy once issued one
+product per order: 361 launches a call at 721 latitudes). Under
+``config.device_kernels`` NumPy arrays take the device code paths, so this
+machine can count what a call issues: every line of mpisphere executed and
+every call from mpisphere into a compiled function (NumPy's, ducc0's: what
+becomes a kernel launch on a device). Both must be the same at nlat 65 and
+129 and at two batch sizes, for every strategy that runs on a device, every
+transform and both directions, on every grid of the suite. (Smaller grids
+split over six ranks leave some blocks empty or contiguous, which takes
+other branches: a few lines more or less, not a loop.) A planted per-latitude loop fails the test
+(the last test here).
+
+The table-free strategy runs on the host only and calls ducc0 once per field
+(ducc0 has no batch axis): its count must not depend on nlat or lmax, and
+grows by the same amount per field.
+"""
+
+import sys
+from pathlib import Path
+
+import numpy
+import pytest
+
+from mpisphere import (DistributedInverseRealSHT, DistributedInverseRealVectorSHT, DistributedRealSHT,
+                       DistributedRealVectorSHT, config)
+from mpisphere.operators import ADJOINT, FORWARD
+from mpisphere.sht.strategies import STRATEGIES
+
+from helpers import random_array, rank_rng
+
+pytestmark = pytest.mark.mpi
+
+PACKAGE = str(Path(__file__).resolve().parent.parent / "mpisphere")
+TRANSFORMS = [DistributedRealSHT, DistributedInverseRealSHT, DistributedRealVectorSHT, DistributedInverseRealVectorSHT]
+DEVICE = [s.name for s in STRATEGIES if s.runs_on_device]
+
+
+def operations(call, roots=(PACKAGE,)):
+    """``(lines, compiled calls)`` that the code under ``roots`` (mpisphere's own) executes during ``call()``."""
+    counts = {"lines": 0, "calls": 0}
+
+    def lines(frame, event, arg):
+        if event == "line":
+            counts["lines"] += 1
+        return lines
+
+    def frames(frame, event, arg):
+        return lines if frame.f_code.co_filename.startswith(roots) else None
+
+    def compiled(frame, event, arg):
+        if event == "c_call" and frame.f_code.co_filename.startswith(roots):
+            counts["calls"] += 1
+
+    sys.settrace(frames)
+    sys.setprofile(compiled)
+    try:
+        call()
+    finally:
+        sys.settrace(None)
+        sys.setprofile(None)
+    return counts["lines"], counts["calls"]
+
+
+def counted(grid, cls, strategy, nlat, batch, direction, roots=(PACKAGE,)):
+    op = cls(grid, nlat, 2 * nlat - 2, legendre=strategy, fft="numpy")
+    synthesis = cls._synthesis
+    domain_dtype = op.cdtype if synthesis else op.dtype
+    x = random_array(rank_rng(grid.cart), op.domain_shape((batch,)), domain_dtype)
+    if direction == ADJOINT:
+        x = random_array(rank_rng(grid.cart), op.range_shape((batch,)), op.dtype if synthesis else op.cdtype)
+    run = op.forward if direction == FORWARD else op.adjoint
+    run(x)  # the first call builds the pipeline and uploads the padded tables
+    return operations(lambda: run(x), roots)
+
+
+def everywhere(grid, found):
+    """Every rank's ``found`` (a verdict on one rank would leave the others waiting in the next test)."""
+    return grid.cart.allgather(found)
+
+
+def batches(grid):
+    """Two batch sizes that give every rank at least two fields (one field makes other layouts contiguous)."""
+    return 2 * grid.size, 4 * grid.size
+
+
+@pytest.mark.parametrize("strategy", DEVICE)
+@pytest.mark.parametrize("cls", TRANSFORMS, ids=lambda c: c.__name__)
+def test_device_kernels_issue_the_same_operations_at_every_size(grid, cls, strategy):
+    few, more = batches(grid)
+    with config.override(device_kernels=True):
+        for direction in (FORWARD, ADJOINT):
+            small = counted(grid, cls, strategy, 65, few, direction)
+            fine = counted(grid, cls, strategy, 129, few, direction)
+            wide = counted(grid, cls, strategy, 65, more, direction)
+            for rank, (s, f, w) in enumerate(everywhere(grid, (small, fine, wide))):
+                assert s == f == w, (f"{cls.__name__} {strategy} {direction} on rank {rank}: (lines, compiled calls) "
+                                     f"{s} at nlat 65, {f} at nlat 129, {w} with {more} fields")
+
+
+@pytest.mark.parametrize("cls", TRANSFORMS, ids=lambda c: c.__name__)
+def test_the_table_free_strategy_calls_ducc0_per_field_only(grid, cls):
+    few, _ = batches(grid)
+    with config.override(device_kernels=True):  # the stages around it as on a device
+        for direction in (FORWARD, ADJOINT):
+            small = [counted(grid, cls, "table-free", 65, batch, direction) for batch in (few, 2 * few, 4 * few)]
+            fine = counted(grid, cls, "table-free", 129, few, direction)
+            for rank, (s, f) in enumerate(everywhere(grid, (small, fine))):
+                assert s[0] == f, f"{cls.__name__} {direction} on rank {rank}: {s[0]} at nlat 65, {f} at nlat 129"
+                for k in range(2):  # the same increase per field: from b to 2 b fields half that from 2 b to 4 b
+                    assert 2 * (s[1][k] - s[0][k]) == s[2][k] - s[1][k], (cls.__name__, direction, rank, s)
+
+
+def test_a_per_latitude_loop_is_caught(grid, monkeypatch):
+    """The check itself: a kernel that loops over latitudes makes the counts differ."""
+    from mpisphere.sht import contraction
+
+    original = contraction._analyze_batched
+
+    def looping(t, sym, anti, spectral):
+        for k in range(sym.shape[0]):  # one operation per latitude, as a per-row kernel would launch
+            sym[k] *= 1.0
+        original(t, sym, anti, spectral)
+
+    monkeypatch.setattr(contraction, "_analyze_batched", looping)
+    roots = (PACKAGE, __file__)
+    with config.override(device_kernels=True):
+        small = counted(grid, DistributedRealSHT, "transpose", 65, 2 * grid.size, FORWARD, roots)
+        fine = counted(grid, DistributedRealSHT, "transpose", 129, 2 * grid.size, FORWARD, roots)
+    for rank, (s, f) in enumerate(everywhere(grid, (small, fine))):
+        assert s != f and numpy.all(numpy.array(f) >= numpy.array(s)), (rank, s, f)
