@@ -230,7 +230,39 @@ def bench_grid(grid, args, xp):
     b.add(f"HaloExchange({rows},{cols})", "adjoint", lambda: halo.adjoint(padded), "4 x Sendrecv", halo_raw,
           halo_bytes)
     bench_agreement(b, grid, xp, dtype, args)
+    if xp is not numpy:
+        bench_staging_copies(b, xp, tile)
     return b.rows
+
+
+def bench_staging_copies(b, cupy, tile):
+    """The staging path's own copies (mpisphere.backend, as the collectives call them) against CuPy's pinned copies.
+
+    The bytes of one tile to a pinned host buffer and back, through
+    ``backend.copy_to_host`` / ``copy_from_host`` with the staging path's
+    own :class:`~mpisphere.backend.Workspace` buffers, and through
+    ``ndarray.get(out=pinned)`` / ``ndarray.set(pinned)`` directly, in the
+    same run: the ratio is the staging copies' share of the pinned copy
+    bandwidth.
+    """
+    from mpisphere import backend
+    workspace = backend.Workspace()
+    host = workspace.host("bench", tile.size, tile.dtype, pinned=True)
+    raw_host = cupy.cuda.alloc_pinned_memory(tile.nbytes)
+    raw = numpy.frombuffer(raw_host, tile.dtype, tile.size)
+    flat = tile.reshape(-1)
+    sync = cupy.cuda.get_current_stream().synchronize
+
+    def to_host():
+        backend.copy_to_host(tile, host)
+
+    def from_host():
+        backend.copy_from_host(host, tile)
+        sync()
+
+    b.add("staging copy to host", "pinned", to_host, "ndarray.get(out=)", lambda: flat.get(out=raw), tile.nbytes)
+    b.add("staging copy to device", "pinned", from_host, "ndarray.set()", lambda: (flat.set(raw), sync()),
+          tile.nbytes)
 
 
 def bench_agreement(b, grid, xp, dtype, args):

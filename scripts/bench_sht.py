@@ -6,6 +6,7 @@
     mpiexec -n 1 python scripts/bench_sht.py --large --json sht.json
     mpiexec -n 4 python scripts/bench_sht.py --vector-only   # vector against scalar transforms
     mpiexec -n 4 python scripts/bench_sht.py --km            # 2049 x 4096, lmax 1025, table-free, vs ducc0
+    python scripts/bench_sht.py --batch-sweep 1,2,4,8,16,32,64 --lmax 361   # auto per batch against ducc0
 
 Reference problem: 32 real fields of 361 x 720 (0.5 degree, equiangular),
 float64, default truncation (lmax = 361, mmax = 361). Each figure is the
@@ -220,6 +221,80 @@ def bench_interleaved(args):
         {"case": "ratio inverse/synthesis_2d", "value": float(ratio_i)}]
 
 
+def bench_batch_sweep(args):
+    """One rank: per batch, auto (its choice recorded), transpose and table-free against ducc0, in alternation.
+
+    Forward against ``adjoint_synthesis_2d`` (the projection without the
+    quadrature weights), and on a Gauss grid also against ``analysis_2d``
+    (with them: the same work); inverse against ``synthesis_2d``; with
+    ``--vector`` winds against ducc0's spin 1. One thread each, ducc0
+    looping over the batch; each ratio is the median of the per-round
+    ratios.
+    """
+    nlat, nlon = args.nlat, args.nlon
+    dtype = numpy.dtype(args.dtype)
+    geometry = {"equiangular": "CC", "legendre-gauss": "GL"}[args.quadrature]
+    rows = []
+    with ProcessGrid(MPI.COMM_SELF) as grid:
+        options = dict(quadrature=args.quadrature, dtype=dtype, fft=args.fft)
+        forward_cls, inverse_cls = ((DistributedRealVectorSHT, DistributedInverseRealVectorSHT) if args.vector else
+                                    (DistributedRealSHT, DistributedInverseRealSHT))
+        transforms = {name: (forward_cls(grid, nlat, nlon, args.lmax, args.lmax, legendre=name, **options),
+                             inverse_cls(grid, nlat, nlon, args.lmax, args.lmax, legendre=name, **options))
+                      for name in ("auto", "transpose", "table-free")}
+        sht = transforms["auto"][0]
+        lmax = sht.lmax - 1
+        components = 2 if args.vector else 1
+        print(f"{nlat} x {nlon} {args.quadrature} {dtype.name}, {'winds (spin 1)' if args.vector else 'fields'}, "
+              f"lmax = mmax = {sht.lmax}, one rank and thread, "
+              f"{args.repeats} rounds; machine model: {sht.machine.source}", flush=True)
+        for batch in (int(b) for b in args.batch_sweep.split(",")):
+            lead = (batch, 2) if args.vector else (batch,)
+            x = numpy.random.default_rng(batch).standard_normal(lead + (nlat, nlon)).astype(dtype)
+            maps = x.reshape(batch, components, nlat, nlon)
+            alm = numpy.zeros((batch, components, (lmax + 1) * (lmax + 2) // 2), dtype=sht.cdtype)
+            spin = components - 1
+            cases = {"ducc0 forward": ducc0_batch("adjoint_synthesis_2d", maps, alm, spin, lmax, geometry),
+                     "ducc0 inverse": ducc0_batch("synthesis_2d", maps, alm, spin, lmax, geometry)}
+            if geometry == "GL":  # ducc0's analysis on a Gauss grid: the quadrature sum with its weights, our work
+                cases["ducc0 analysis"] = ducc0_batch("analysis_2d", maps, alm, spin, lmax, geometry)
+            for name, (forward, inverse) in transforms.items():
+                c = forward.forward(x)
+                y = numpy.empty_like(x)
+                cases[f"{name} forward"] = lambda f=forward, c=c: f.forward(x, out=c)
+                cases[f"{name} inverse"] = lambda i=inverse, c=c, y=y: i.forward(c, out=y)
+            times = measure_rounds(MPI.COMM_SELF, cases, args.repeats, 1)
+            row = {"batch": batch, "auto_forward": sht.legendre_for(batch)[0],
+                   "auto_inverse": transforms["auto"][1].legendre_for(batch)[0],
+                   "ducc0_forward_ms": float(numpy.median(times["ducc0 forward"])),
+                   "ducc0_inverse_ms": float(numpy.median(times["ducc0 inverse"]))}
+            for name in transforms:
+                for direction in ("forward", "inverse"):
+                    ratio = numpy.median(times[f"{name} {direction}"] / times[f"ducc0 {direction}"])
+                    row[f"{name}_{direction}_ms"] = float(numpy.median(times[f"{name} {direction}"]))
+                    row[f"{name}_{direction}_ratio"] = float(ratio)
+            if "ducc0 analysis" in times:
+                row["ducc0_analysis_ms"] = float(numpy.median(times["ducc0 analysis"]))
+                for name in transforms:
+                    row[f"{name}_forward_ratio_analysis"] = float(numpy.median(
+                        times[f"{name} forward"] / times["ducc0 analysis"]))
+            rows.append(row)
+            print(f"{batch:3d} fields: auto ({row['auto_forward']} / {row['auto_inverse']}) "
+                  f"{row['auto_forward_ratio']:.2f} / {row['auto_inverse_ratio']:.2f}  transpose "
+                  f"{row['transpose_forward_ratio']:.2f} / {row['transpose_inverse_ratio']:.2f}  table-free "
+                  f"{row['table-free_forward_ratio']:.2f} / {row['table-free_inverse_ratio']:.2f}  of ducc0 "
+                  f"({row['ducc0_forward_ms']:.1f} / {row['ducc0_inverse_ms']:.1f} ms)", flush=True)
+            if "ducc0 analysis" in times:
+                print(f"      forward / analysis_2d: auto {row['auto_forward_ratio_analysis']:.2f}, transpose "
+                      f"{row['transpose_forward_ratio_analysis']:.2f}, table-free "
+                      f"{row['table-free_forward_ratio_analysis']:.2f} ({row['ducc0_analysis_ms']:.1f} ms)",
+                      flush=True)
+            del cases
+            for forward, inverse in transforms.values():
+                forward.free()
+    return rows
+
+
 def _ducc0_index(lmax_d):
     """Index of ``(l, m)`` in ducc0's triangular alm layout (``mmax = lmax_d``), as a function of both."""
     return lambda l, m: m * (2 * lmax_d + 1 - m) // 2 + l
@@ -346,8 +421,19 @@ def main(argv=None):
                         help="2049 x 4096 equiangular, lmax = mmax = 1025, 4 fields, every rank's peak RSS, vs ducc0")
     parser.add_argument("--legendre", default=None, choices=["auto", "transpose", "reduce-scatter", "table-free"],
                         help="the transforms' Legendre strategy (default: auto; table-free with --km)")
+    parser.add_argument("--batch-sweep", default=None,
+                        help="one rank: these batch sizes (comma-separated), auto, transpose and table-free against "
+                             "ducc0 in alternation")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
+    if args.large:
+        args.nlat, args.nlon = 721, 1440
+    if args.batch_sweep:
+        rows = bench_batch_sweep(args)
+        if args.json:
+            write_results(args.json, {"nlat": args.nlat, "nlon": args.nlon, "lmax": args.lmax, "fft": args.fft,
+                                      "dtype": args.dtype, "quadrature": args.quadrature}, rows)
+        return 0
     if args.km:
         args.batch = 4 if args.batch == 32 else args.batch
         rows = bench_km(args)
@@ -356,8 +442,6 @@ def main(argv=None):
                                       "nlon": 4096, "lmax": 1025}, rows)
         return 0
     args.vector = args.vector or args.vector_only
-    if args.large:
-        args.nlat, args.nlon = 721, 1440
     world = MPI.COMM_WORLD
     if args.interleaved:
         rows = bench_interleaved(args)

@@ -243,7 +243,7 @@ def test_auto_runs_each_batch_with_the_strategy_the_cost_model_gives(grid):
     sht = DistributedRealSHT(grid, 61, 120, 61, 61)
     assert sht.legendre == "transpose" and sht.machine == MachineModel()
     # a machine whose tables stream slowly: one field runs table-free, many with the tables
-    slow = MachineModel(analysis_table_bandwidth=1e6, cache_bytes=0)
+    slow = MachineModel(scalar_analysis_table_bandwidth=1e6, cache_bytes=0)
     sht.machine = slow
     assert sht.legendre_for(1)[0] == "table-free"
     many = sht.legendre_for(10 ** 6)
@@ -260,11 +260,11 @@ def test_a_machine_model_file_is_read_and_checked(grid, tmp_path, monkeypatch):
     from mpisphere.sht.strategies import MachineModel
     from mpisphere.sht.strategies.machine import MODEL_VARIABLE
     path = tmp_path / f"machine-{grid.rank}.json"
-    model = MachineModel(analysis_on_the_fly_rate=1.0)
+    model = MachineModel(scalar_analysis_on_the_fly_rate=1.0)
     path.write_text(model.as_json())
     monkeypatch.setenv(MODEL_VARIABLE, str(path))
     loaded = DistributedRealSHT(grid, 17, 32).machine
-    assert loaded.analysis_on_the_fly_rate == 1.0 and loaded.source == str(path)
+    assert loaded.scalar_analysis_on_the_fly_rate == 1.0 and loaded.source == str(path)
     path.write_text("{}")
     with pytest.raises(ValueError, match="not a machine model written by 'python -m mpisphere calibrate"):
         DistributedRealSHT(grid, 17, 32)

@@ -2,8 +2,8 @@
 
 The model predicts a strategy's time for a batch from a handful of rates
 (:mod:`mpisphere.sht.strategies.machine`). :func:`calibrate` fits them to
-whole transforms on one rank, on a reference problem whose tables are far
-larger than any cache (361 x 720, 361 degrees and orders, 94 MB):
+whole transforms on one rank, on reference problems whose tables are far
+larger than any cache (:data:`REFERENCES`):
 
 * the table strategy at 2 and 32 fields: the part that does not grow with
   the batch is the table read (``table bytes / table_bandwidth``), the part
@@ -12,8 +12,8 @@ larger than any cache (361 x 720, 361 degrees and orders, 94 MB):
 * the table-free strategy at 4 fields: its time per field (``values /
   on_the_fly_rate``).
 
-Analysis and synthesis are fitted separately (a forward and an inverse
-transform). Every time is the median of ``repeats`` calls, the strategies
+Analysis and synthesis, scalar and vector are fitted separately (the four
+transforms). Every time is the median of ``repeats`` calls, the strategies
 alternated call by call so that drift hits both alike.
 """
 
@@ -25,8 +25,9 @@ import numpy
 from .strategies import MachineModel, strategy
 from .strategies.base import row_entries, triangle_entries
 from .transforms import DistributedInverseRealSHT, DistributedRealSHT
+from .vector import DistributedInverseRealVectorSHT, DistributedRealVectorSHT
 
-__all__ = ["calibrate"]
+__all__ = ["calibrate", "REFERENCES"]
 
 
 def _medians(calls, repeats):
@@ -42,8 +43,12 @@ def _medians(calls, repeats):
     return {name: statistics.median(found) for name, found in times.items()}
 
 
-def calibrate(nlat=361, nlon=720, lmax=361, repeats=5, comm=None):
-    """This core's :class:`MachineModel`, fitted to whole one-rank transforms (about ten seconds).
+REFERENCES = {"scalar": (361, 720, 361), "vector": (241, 480, 241)}
+"""The reference problems: ``(nlat, nlon, lmax)``, tables far larger than any cache (94 and 56 MB)."""
+
+
+def calibrate(repeats=5, comm=None):
+    """This core's :class:`MachineModel`, fitted to whole one-rank transforms (about half a minute).
 
     Run it as the transforms run: one thread (``OMP_NUM_THREADS=1``), and
     on a node whose other cores are as busy as in a job. ``comm``: the
@@ -53,13 +58,19 @@ def calibrate(nlat=361, nlon=720, lmax=361, repeats=5, comm=None):
 
     from ..grid import ProcessGrid
 
+    classes = {("scalar", "analysis"): DistributedRealSHT, ("scalar", "synthesis"): DistributedInverseRealSHT,
+               ("vector", "analysis"): DistributedRealVectorSHT,
+               ("vector", "synthesis"): DistributedInverseRealVectorSHT}
     rng = numpy.random.default_rng(0)
-    entries = triangle_entries(lmax, range(lmax), nlat)
-    values = row_entries(lmax, range(lmax), nlat)
-    table = strategy("transpose").table_bytes(nlat, lmax, lmax, 1, 1)
     found = {}
     with ProcessGrid(MPI.COMM_SELF if comm is None else comm) as grid:
-        for direction, cls in (("analysis", DistributedRealSHT), ("synthesis", DistributedInverseRealSHT)):
+        for (kind, direction), cls in classes.items():
+            nlat, nlon, lmax = REFERENCES[kind]
+            vector = kind == "vector"
+            components = 2 if vector else 1
+            entries = triangle_entries(lmax, range(lmax), nlat, vector)
+            values = row_entries(lmax, range(lmax), nlat, vector)
+            table = strategy("transpose").table_bytes(nlat, lmax, lmax, 1, 1, vector=vector)
             ops = {name: cls(grid, nlat, nlon, lmax, lmax, legendre=name) for name in ("transpose", "table-free")}
             calls = {}
             for name, batch in (("transpose", 2), ("transpose", 32), ("table-free", 4)):
@@ -72,10 +83,9 @@ def calibrate(nlat=361, nlon=720, lmax=361, repeats=5, comm=None):
             seconds = _medians(calls, repeats)
             per_field = max((seconds["transpose", 32] - seconds["transpose", 2]) / 30, 1e-9)
             fixed = max(seconds["transpose", 2] - 2 * per_field, 0.02 * seconds["transpose", 2])
-            found[f"{direction}_table_bandwidth"] = table / fixed
-            found[f"{direction}_product_rate"] = 2 * entries / per_field  # two real columns a field
-            found[f"{direction}_on_the_fly_rate"] = 4 * values / seconds["table-free", 4]
+            found[f"{kind}_{direction}_table_bandwidth"] = table / fixed
+            found[f"{kind}_{direction}_product_rate"] = 2 * components * entries / per_field  # 2 C real columns
+            found[f"{kind}_{direction}_on_the_fly_rate"] = 4 * components * values / seconds["table-free", 4]
             for op in ops.values():
                 op.free()
-    return MachineModel(**found, source=f"calibrated {time.strftime('%Y-%m-%d %H:%M')} on {nlat} x {nlon}, "
-                                        f"lmax {lmax}")
+    return MachineModel(**found, source=f"calibrated {time.strftime('%Y-%m-%d %H:%M')}")

@@ -165,6 +165,7 @@ class Transform(LinearOperator):
         self._auto = legendre == "auto"
         self.legendre, self.legendre_reason = self._resolve_legendre(legendre, max_table_bytes)
         self.machine = MachineModel.load() if self._auto else None
+        self._choices = backend.BoundedCache(16)  # each batch's strategy and why, by (batch, device, machine)
         if self._auto and len(costs.batch_candidates(self.legendre, table_free=ducc0_available())) > 1:
             self.legendre_reason += ("; per batch of host arrays, 'table-free' instead where the cost model "
                                      "gives it the shorter Legendre step (few fields: see legendre_for)")
@@ -209,10 +210,10 @@ class Transform(LinearOperator):
         if not self._auto:
             return self.legendre, "chosen"
         padded = max(batch, self.grid.npolar, self.grid.nazimuth)
-        return costs.choose_for_batch(self.legendre, self.machine, self.nlat, self.lmax, self.mmax,
-                                      self.grid.npolar, self.grid.nazimuth, padded, vector=self._components > 1,
-                                      dtype=self.dtype, orders=self.orders, synthesis=self._synthesis,
-                                      device=device, table_free=ducc0_available())
+        return self._choices.get((padded, bool(device), self.machine), lambda: costs.choose_for_batch(
+            self.legendre, self.machine, self.nlat, self.lmax, self.mmax, self.grid.npolar, self.grid.nazimuth,
+            padded, vector=self._components > 1, dtype=self.dtype, orders=self.orders, synthesis=self._synthesis,
+            device=device, table_free=ducc0_available()))
 
     def _describe(self):
         # the resolved strategy decides the messages: ranks that resolved "auto" differently must not meet; with

@@ -38,35 +38,53 @@ __all__ = ["MachineModel", "MODEL_VARIABLE"]
 
 MODEL_VARIABLE = "MPISPHERE_MACHINE_MODEL"
 
-_RATES = ("analysis_table_bandwidth", "analysis_product_rate", "analysis_on_the_fly_rate",
-          "synthesis_table_bandwidth", "synthesis_product_rate", "synthesis_on_the_fly_rate")
+_KINDS = ("scalar_analysis", "scalar_synthesis", "vector_analysis", "vector_synthesis")
+_WHAT = ("table_bandwidth", "product_rate", "on_the_fly_rate")
+_RATES = tuple(f"{kind}_{what}" for kind in _KINDS for what in _WHAT)
+_DEFAULTS = {  # python -m mpisphere calibrate on the development machine, 2026-12-04, three runs' medians
+    "scalar_analysis": (6.24e9, 1.10e10, 6.9e9), "scalar_synthesis": (6.6e9, 1.08e10, 8.36e9),
+    "vector_analysis": (3.57e9, 6.7e9, 3.27e9), "vector_synthesis": (3.58e9, 7.49e9, 3.22e9)}
 
 
 @dataclasses.dataclass(frozen=True)
 class MachineModel:
-    """Rates of one core (float64; float32 tables are half the bytes at twice the product rate).
+    """Rates of one core for each kind of transform (float64; float32 tables: half the bytes, twice the rate).
 
     Attributes
     ----------
-    analysis_table_bandwidth, synthesis_table_bandwidth : float
+    <kind>_table_bandwidth : float
         Bytes per second a table product with two columns streams.
-    analysis_product_rate, synthesis_product_rate : float
+    <kind>_product_rate : float
         Multiply-adds per second of a table product with many columns.
-    analysis_on_the_fly_rate, synthesis_on_the_fly_rate : float
+    <kind>_on_the_fly_rate : float
         Function values per second ducc0's recurrence contracts, per field
         (one complex column).
+
     cache_bytes : int
         Tables up to this size stay in a core's cache between calls.
     source : str
         Where the numbers come from.
+
+    Notes
+    -----
+    ``<kind>`` is ``scalar_analysis``, ``scalar_synthesis``,
+    ``vector_analysis`` or ``vector_synthesis``: the kernels around the
+    contraction differ (the analysis applies the quadrature weights; the
+    vector functions carry ``1 / sin(theta)`` and a degree coupling).
     """
 
-    analysis_table_bandwidth: float = 6.3e9
-    analysis_product_rate: float = 1.1e10
-    analysis_on_the_fly_rate: float = 7.1e9
-    synthesis_table_bandwidth: float = 6.2e9
-    synthesis_product_rate: float = 1.05e10
-    synthesis_on_the_fly_rate: float = 8.1e9
+    scalar_analysis_table_bandwidth: float = _DEFAULTS["scalar_analysis"][0]
+    scalar_analysis_product_rate: float = _DEFAULTS["scalar_analysis"][1]
+    scalar_analysis_on_the_fly_rate: float = _DEFAULTS["scalar_analysis"][2]
+    scalar_synthesis_table_bandwidth: float = _DEFAULTS["scalar_synthesis"][0]
+    scalar_synthesis_product_rate: float = _DEFAULTS["scalar_synthesis"][1]
+    scalar_synthesis_on_the_fly_rate: float = _DEFAULTS["scalar_synthesis"][2]
+    vector_analysis_table_bandwidth: float = _DEFAULTS["vector_analysis"][0]
+    vector_analysis_product_rate: float = _DEFAULTS["vector_analysis"][1]
+    vector_analysis_on_the_fly_rate: float = _DEFAULTS["vector_analysis"][2]
+    vector_synthesis_table_bandwidth: float = _DEFAULTS["vector_synthesis"][0]
+    vector_synthesis_product_rate: float = _DEFAULTS["vector_synthesis"][1]
+    vector_synthesis_on_the_fly_rate: float = _DEFAULTS["vector_synthesis"][2]
     cache_bytes: int = 1 << 21
     source: str = "defaults (measured on a 2-core x86-64 development machine, 2026-12)"
 
@@ -97,20 +115,20 @@ class MachineModel:
         rates = ", ".join(f"{name} {getattr(self, name):.4g}" for name in _RATES)
         return f"machine({rates}, cache_bytes {self.cache_bytes})"
 
-    def _rate(self, what, synthesis):
-        return getattr(self, f"{'synthesis' if synthesis else 'analysis'}_{what}")
+    def _rate(self, what, vector, synthesis):
+        return getattr(self, f"{'vector' if vector else 'scalar'}_{'synthesis' if synthesis else 'analysis'}_{what}")
 
-    def table_product_seconds(self, entries, columns, dtype, synthesis=False):
+    def table_product_seconds(self, entries, columns, dtype, vector=False, synthesis=False):
         """Time of products of tables with ``entries`` entries by ``columns`` real columns."""
         itemsize = numpy.dtype(dtype).itemsize
         speed = 2.0 if itemsize == 4 else 1.0
         streamed = entries * itemsize if entries * itemsize > self.cache_bytes else 0
-        return (streamed / self._rate("table_bandwidth", synthesis)
-                + entries * columns / (self._rate("product_rate", synthesis) * speed))
+        return (streamed / self._rate("table_bandwidth", vector, synthesis)
+                + entries * columns / (self._rate("product_rate", vector, synthesis) * speed))
 
-    def on_the_fly_seconds(self, values, fields, synthesis=False):
+    def on_the_fly_seconds(self, values, fields, vector=False, synthesis=False):
         """Time of ducc0's recurrence over ``values`` function values for ``fields`` complex columns."""
-        return values * fields / self._rate("on_the_fly_rate", synthesis)
+        return values * fields / self._rate("on_the_fly_rate", vector, synthesis)
 
     def as_json(self):
         found = {name: getattr(self, name) for name in _RATES}

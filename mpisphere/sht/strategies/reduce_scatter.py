@@ -196,7 +196,7 @@ class ReduceScatter(LegendreStrategy):
         entries = self.table_bytes(nlat, lmax, mmax, npolar, nazimuth, vector=vector, orders=orders,
                                    dtype=numpy.int8)
         fields = (2 if vector else 1) * batch
-        return model.table_product_seconds(entries, 2 * fields, dtype, synthesis)
+        return model.table_product_seconds(entries, 2 * fields, dtype, vector, synthesis)
 
 
 REDUCE_SCATTER = ReduceScatter()

@@ -270,7 +270,7 @@ class TableFree(LegendreStrategy):
                 orders="contiguous", synthesis=False):
         values = self.largest(nlat, lmax, mmax, npolar, nazimuth, orders,
                               lambda mine, h: row_entries(lmax, mine, h, vector))
-        return model.on_the_fly_seconds(values, (2 if vector else 1) * batch, synthesis)
+        return model.on_the_fly_seconds(values, (2 if vector else 1) * batch, vector, synthesis)
 
 
 TABLE_FREE = TableFree()

@@ -48,7 +48,7 @@ class Transpose(LegendreStrategy):
         entries = self.table_bytes(nlat, lmax, mmax, npolar, nazimuth, vector=vector, orders=orders,
                                    dtype=numpy.int8)  # one byte an entry: the entry count
         fields = (2 if vector else 1) * max(split_sizes(batch, npolar))
-        return model.table_product_seconds(entries, 2 * fields, dtype, synthesis)
+        return model.table_product_seconds(entries, 2 * fields, dtype, vector, synthesis)
 
 
 TRANSPOSE = Transpose()
