@@ -31,6 +31,10 @@ __all__ = [
     "bcast_object",
     "allreduce_floats",
     "allreduce_max_ints",
+    "iallreduce_max_ints",
+    "isend_object",
+    "receive_objects",
+    "abort",
     "alltoallv",
     "ialltoallv",
     "allgatherv",
@@ -144,6 +148,30 @@ def allreduce_max_ints(comm, values):
     """Elementwise maximum over ``comm`` of a small int64 NumPy array, in place (the agreement step)."""
     comm.Allreduce(MPI.IN_PLACE, [values, MPI.INT64_T], MPI.MAX)
     return values
+
+
+def iallreduce_max_ints(comm, values):
+    """:func:`allreduce_max_ints` without blocking: returns the request (``values`` is written when it completes)."""
+    return comm.Iallreduce(MPI.IN_PLACE, [values, MPI.INT64_T], MPI.MAX)
+
+
+def isend_object(comm, obj, dest, tag):
+    """Send ``obj`` (picklable, small) to ``dest`` without blocking; returns the request."""
+    return comm.isend(obj, dest=dest, tag=tag)
+
+
+def receive_objects(comm, tag):
+    """Every message with ``tag`` that has arrived from any rank, ``[(source, obj)]`` (does not wait)."""
+    found, status = [], MPI.Status()
+    while comm.iprobe(source=MPI.ANY_SOURCE, tag=tag, status=status):
+        source = status.Get_source()
+        found.append((source, comm.recv(source=source, tag=tag)))
+    return found
+
+
+def abort(comm, code=1):
+    """``MPI_Abort``: end every process of the job (a rank that never arrives cannot be recovered from)."""
+    comm.Abort(code)
 
 
 # --- buffers ----------------------------------------------------------------

@@ -19,6 +19,13 @@ Environment variables are read once, when mpisphere is imported:
 ``MPISPHERE_CUDA_AWARE=0|1``
     override the detection of a CUDA-aware MPI library (see
     :mod:`mpisphere.cuda_aware`). Unset means detect.
+``MPISPHERE_STALL_REPORT=SECONDS``
+    after this long waiting in an agreement (a rank never arrives), print
+    who waits where and who is missing, once, to stderr (default 60; 0
+    turns it off).
+``MPISPHERE_STALL_DEADLINE=SECONDS``
+    after this long, print the report and abort the job (default: never;
+    the test plugin sets it for the ranks it launches).
 """
 
 import os
@@ -27,7 +34,7 @@ __all__ = ["Config", "config"]
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
-_SWITCHES = ("debug", "agreement", "cuda_aware", "force_staging", "device_kernels")
+_SWITCHES = ("debug", "agreement", "cuda_aware", "force_staging", "device_kernels", "stall_report", "stall_deadline")
 
 
 def _parse_flag(name, value, allow_none):
@@ -40,6 +47,29 @@ def _parse_flag(name, value, allow_none):
         return None
     choices = "0 or 1" + (" (or unset/auto)" if allow_none else "")
     raise ValueError(f"environment variable {name}={value!r}: expected {choices}")
+
+
+def _parse_seconds(name, value, default):
+    text = value.strip().lower()
+    if text in ("", "auto"):
+        return default
+    if text in ("never", "off", "none"):
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0 or seconds == float("inf"):
+        raise ValueError(f"environment variable {name}={value!r}: expected seconds (a number >= 0) or 'never'")
+    return None if seconds == 0 else seconds
+
+
+def _check_seconds(name, value):
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise TypeError(f"mpisphere.config.{name} must be a positive number of seconds or None, got {value!r}")
+    return float(value)
 
 
 def _check_flag(name, value, allow_none):
@@ -76,6 +106,17 @@ class Config:
         a machine without a GPU can check their results and count the
         operations a call issues (``tests/test_launch_counts.py``). Results
         agree to rounding; the host is slower this way.
+    stall_report : float or None
+        Seconds a rank waits in an agreement before it prints, once, where it
+        waits, which ranks of the call have arrived and which have not, and
+        the likely causes (``MPISPHERE_STALL_REPORT``, default 60; None: no
+        report). Set it the same way on every rank.
+    stall_deadline : float or None
+        Seconds after which a rank still waiting prints the report and
+        aborts the job (``MPI_Abort``: a rank that never arrives cannot be
+        recovered from; ``MPISPHERE_STALL_DEADLINE``, default None: never).
+        Off by default so that a long production run is never killed; the
+        test plugin sets it for the ranks it launches.
     """
 
     __slots__ = tuple("_" + name for name in _SWITCHES)
@@ -87,6 +128,9 @@ class Config:
         self._cuda_aware = _parse_flag("MPISPHERE_CUDA_AWARE", environ.get("MPISPHERE_CUDA_AWARE", ""), True)
         self._force_staging = False
         self._device_kernels = False
+        self._stall_report = _parse_seconds("MPISPHERE_STALL_REPORT", environ.get("MPISPHERE_STALL_REPORT", ""), 60.0)
+        self._stall_deadline = _parse_seconds("MPISPHERE_STALL_DEADLINE", environ.get("MPISPHERE_STALL_DEADLINE", ""),
+                                              None)
 
     @property
     def debug(self):
@@ -127,6 +171,22 @@ class Config:
     @device_kernels.setter
     def device_kernels(self, value):
         self._device_kernels = _check_flag("device_kernels", value, False)
+
+    @property
+    def stall_report(self):
+        return self._stall_report
+
+    @stall_report.setter
+    def stall_report(self, value):
+        self._stall_report = _check_seconds("stall_report", value)
+
+    @property
+    def stall_deadline(self):
+        return self._stall_deadline
+
+    @stall_deadline.setter
+    def stall_deadline(self, value):
+        self._stall_deadline = _check_seconds("stall_deadline", value)
 
     def override(self, **switches):
         """Context manager that sets switches and restores them on exit.

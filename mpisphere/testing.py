@@ -40,6 +40,11 @@ outer run (``python -m pytest``)
 
 inner run (``--with-mpi`` / ``--only-mpi``, under mpiexec)
     * ranks check they collected the same tests (CRC32 of the node ids);
+    * a rank that waits in an mpisphere call another rank never made prints
+      mpisphere's stall report after a quarter of ``--mpi-test-timeout``
+      (at most 60 s) and aborts the job after three quarters of it
+      (``MPISPHERE_STALL_REPORT`` and ``MPISPHERE_STALL_DEADLINE``, unless
+      already set: :mod:`mpisphere.agreement.stall`);
     * a per-test watchdog (``faulthandler.dump_traceback_later(exit=True)``,
       writing to the stderr the process started with, since pytest's capture
       swaps fd 2) ends a rank stuck past ``--mpi-test-timeout``; mpiexec then
@@ -173,6 +178,10 @@ class MpiLaunch(pytest.Item):
             env.setdefault(var, "1")  # BLAS threads fight oversubscribed ranks for the cores
         env["MPISPHERE_TEST_NRANKS"] = str(self.nranks)
         env["MPISPHERE_TEST_LAUNCHER"] = cmd[0]
+        # a rank that never arrives in a call: reported, then the job aborted before the per-test watchdog fires
+        timeout = self.config.getoption("--mpi-test-timeout")
+        env.setdefault("MPISPHERE_STALL_REPORT", f"{min(60.0, timeout / 4):g}")
+        env.setdefault("MPISPHERE_STALL_DEADLINE", f"{0.75 * timeout:g}")
         env["PYTHONUNBUFFERED"] = "1"
         handle, self.progress = tempfile.mkstemp(prefix="mpisphere-progress-", suffix=".txt")
         os.close(handle)

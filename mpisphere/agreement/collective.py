@@ -8,6 +8,7 @@ from .. import collectives, cuda_aware
 from ..settings import config
 from .description import call_description, description_of, digest
 from .spec import Context
+from .stall import wait
 
 
 def differences(texts, ranks=None):
@@ -70,6 +71,11 @@ def _group_id(comm, space):
     return int(MPI.Group.Translate_ranks(comm.Get_group(), [0], space.Get_group())[0])
 
 
+def _reduce(comm, flags, who):
+    """The agreement's one reduction (elementwise maximum, in place), watched for a rank that never arrives."""
+    wait(collectives.iallreduce_max_ints(comm, flags), comm, who)
+
+
 def agree(comm, who, error, description, spec=None, signature=""):
     """The agreement step over ``comm``: collective; raises the same error on every rank, or returns.
 
@@ -121,7 +127,7 @@ def agree(comm, who, error, description, spec=None, signature=""):
     not_aware = 1 if device and not config.force_staging and not cuda_aware.verdict()[0] else 0
     flags = numpy.array([0 if error is None else 1, code, -code, everything, -everything, not_aware],
                         dtype=numpy.int64)
-    collectives.allreduce_max_ints(comm, flags)
+    _reduce(comm, flags, who)
     context = Context(config.force_staging or (device and flags[5] > 0))
     if flags[0] == 0 and flags[1] == -flags[2] and not config.debug:
         if flags[3] == -flags[4]:
@@ -203,7 +209,7 @@ def settle(comm, who, error, description="", mismatch="disagree on what they are
         return
     code = digest(description)
     flags = numpy.array([0 if error is None else 1, code, -code], dtype=numpy.int64)
-    collectives.allreduce_max_ints(comm, flags)
+    _reduce(comm, flags, who)
     if flags[0] == 0 and flags[1] == -flags[2]:
         return
     everyone = collectives.allgather_object(comm, (None if error is None else (error.kind.__name__, error.text),

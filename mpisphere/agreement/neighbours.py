@@ -1,12 +1,12 @@
 """The agreement with a grid's neighbours: headers that travel in front of the data (:class:`NeighbourRound`)."""
 
 import math
-import os
 
 import numpy
 
 from .. import backend, collectives, staging
 from .description import digest
+from .stall import Watch
 
 
 HEADER = 8  # int64 words in front of the data of every message of a neighbour round
@@ -123,6 +123,7 @@ class NeighbourRound:
         self._sent = set()
         self._sends = []
         self._status = collectives.status()
+        self._watch = Watch(comm, who)
 
     # --- sending -----------------------------------------------------------------------------------
 
@@ -255,8 +256,9 @@ class NeighbourRound:
     def _sweep(self):
         """Probe every pending message once and receive those that are there; False once the round flushes.
 
-        A sweep that finds nothing yields the core: on oversubscribed nodes
-        the neighbour we wait for may be waiting for this core.
+        A sweep that finds nothing yields the core (on oversubscribed nodes
+        the neighbour we wait for may be waiting for this core), and after a
+        long wait reports the neighbours whose messages have not arrived.
         """
         found = False
         for key in list(self._pending):
@@ -266,8 +268,8 @@ class NeighbourRound:
                 self._receive(key, probed, nbytes)
                 if self._flush:
                     return False
-        if not found:
-            os.sched_yield()
+        if not found:  # yields the core; reports a neighbour that never sends (config.stall_report)
+            self._watch.idle({k[0] for k in self._pending}, {k[0] for k in self._received})
         return True
 
     def collect(self, keys, records=False):

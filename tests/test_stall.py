@@ -1,0 +1,84 @@
+"""A rank that never arrives: the others report who waits where and who is missing, then abort at the deadline.
+
+Serial tests: each launches a small program under ``mpiexec`` (with a
+timeout of its own) whose ranks do not all make the same call, with a
+report after 1 s and a deadline of 4 s, and reads what the ranks printed.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from mpisphere.testing import mpiexec_command
+
+PROGRAMS = {
+    # an operator built and called on some ranks only
+    "called_on_some_ranks": """
+        grid = ProcessGrid(MPI.COMM_WORLD)
+        if grid.rank != grid.size - 1:
+            ReduceFrom(grid.cart).forward(numpy.ones(3))
+        """,
+    # a rank that leaves early (it returns and finalises MPI) while the others call
+    "rank_exits_early": """
+        if MPI.COMM_WORLD.rank == MPI.COMM_WORLD.size - 1:
+            sys.exit(0)
+        ReduceFrom(MPI.COMM_WORLD).forward(numpy.ones(3))
+        """,
+    # a halo exchange whose last rank never calls it
+    "halo_neighbour_missing": """
+        grid = ProcessGrid(MPI.COMM_WORLD, MPI.COMM_WORLD.size, 1)
+        halo = HaloExchange(grid, 1, 0, extents=(12, 4))
+        if grid.rank != grid.size - 1:
+            halo.forward(numpy.ones(grid.local_shape(12, 4)))
+        """,
+}
+
+HEADER = """
+import sys
+import numpy
+from mpi4py import MPI
+from mpisphere import GatherFrom, HaloExchange, ProcessGrid, ReduceFrom
+"""
+
+
+def launch(name, ranks=3, report="0.5", deadline="2.5"):
+    command = mpiexec_command() + ["-n", str(ranks), sys.executable, "-c",
+                                   HEADER + textwrap.dedent(PROGRAMS[name])]
+    env = dict(os.environ, MPISPHERE_STALL_REPORT=report, MPISPHERE_STALL_DEADLINE=deadline, OMP_NUM_THREADS="1")
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env, start_new_session=True)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"{name}: no report and no abort within 60 s:\n{exc.stderr}")
+    return done.returncode, done.stdout + done.stderr
+
+
+def test_a_call_made_on_some_ranks_only_is_reported_and_aborted():
+    code, output = launch("called_on_some_ranks")
+    assert code != 0, output
+    for rank in (0, 1):
+        assert f"mpisphere: rank {rank} of 3 has waited" in output, output
+    assert "in ReduceFrom.forward's agreement over grid.cart (3 ranks)" in output, output
+    assert "waiting in it too: ranks 0, 1" in output and "not arrived: ranks 2" in output, output
+    assert "aborts the job now (MPISPHERE_STALL_DEADLINE)" in output, output
+
+
+def test_a_rank_that_exits_early_is_named():
+    code, output = launch("rank_exits_early")
+    assert code != 0, output
+    assert "not arrived: ranks 2" in output and "likely causes: a rank raised outside mpisphere" in output, output
+
+
+def test_a_halo_neighbour_that_never_sends_is_named():
+    code, output = launch("halo_neighbour_missing")
+    assert code != 0, output
+    assert "rank 1 of 3 has waited" in output and "in HaloExchange.forward for its neighbours" in output, output
+    assert "not arrived: the messages of ranks 2" in output, output
+
+
+def test_no_report_before_its_time():
+    """The same mistake with the report at 60 s and the deadline at 2.5 s: the abort comes without a report first."""
+    code, output = launch("called_on_some_ranks", report="60", deadline="2.5")
+    assert code != 0 and output.count("has waited") == 2 and "aborts the job now" in output, output
