@@ -17,7 +17,7 @@ import numpy
 from mpi4py import MPI
 
 from . import backend, collectives, cuda_aware, dtypes
-from .agreement import REFUSED, CallGuard, InputError, agree, raise_everywhere
+from .agreement import REFUSED, Call, CallGuard, InputError, collective, raise_everywhere
 from .launch import world_mismatch
 from .partition import chunk_slice, offsets_of, split_sizes
 from .validation import check_choice, check_int
@@ -204,6 +204,9 @@ class ProcessGrid:
         # Legendre tables shared by the transforms on this grid that need the same ones; held weakly, so they
         # are freed with the last transform that uses them
         self.table_cache = weakref.WeakValueDictionary()
+        # (block shape, complex dtype) of the transforms built on this grid with orders="balanced": their blocks
+        # hold other columns than the contiguous ones grid.gather assumes (the call warns; see gather)
+        self.balanced_blocks = set()
 
     @classmethod
     def from_fortran(cls, handle, npolar=None, nazimuth=None, *, order="azimuth-fastest"):
@@ -278,6 +281,7 @@ class ProcessGrid:
         lat, lon = self.local_slices(nlat, nlon)
         return lat.stop - lat.start, lon.stop - lon.start
 
+    @collective
     def check_tile(self, nlat, nlon, lat, lon):
         """Collective check that a model's own tile on this rank is mpisphere's tile.
 
@@ -321,6 +325,7 @@ class ProcessGrid:
 
     # --- whole fields (I/O, tests) ----------------------------------------------
 
+    @collective
     def scatter(self, field, root=0):
         """Cut a whole field on ``root`` into tiles, one per rank.
 
@@ -349,39 +354,34 @@ class ProcessGrid:
         """
         self._check_alive()
         who = "ProcessGrid.scatter"
-        error = None
-        try:
+        call = Call(self.cart, who)
+        with call.local():
             root = self._check_root(root, "scatter")
             if self.rank == root:
                 self._check_field(field, root)
-        except InputError as exc:
-            error = exc
-        with self.holding(who):
-            agree(self.cart, who, error, f"root={root!r}", signature=who)
-            meta = (tuple(field.shape), numpy.dtype(field.dtype).str) if self.rank == root else None
-            shape, dtype = collectives.bcast_object(self.cart, meta, root=root)
-            lead, nlat, nlon = shape[:-2], shape[-2], shape[-1]
-            xp = backend.array_module(field) if backend.is_array(field) else numpy
-            h, w = self.local_shape(nlat, nlon)
-            counts, displs, send, tile = [], [], None, None
-            try:  # allocate before the data moves: a failure on one rank raises on all
-                tile = xp.empty(lead + (h, w), dtype=dtype)
-                if self.rank == root:
-                    send = xp.empty(field.size, dtype=dtype)
-                    start = 0
-                    for r in range(self.size):
-                        lat, lon = self.tile_slices(nlat, nlon, r)
-                        block = field[..., lat, lon]
-                        send[start:start + block.size].reshape(block.shape)[...] = block
-                        counts.append(block.size)
-                        displs.append(start)
-                        start += block.size
-                error = None
-            except Exception as exc:  # noqa: BLE001 -- MemoryError, cupy's OutOfMemoryError
-                error = InputError.from_exception(exc, f"allocating a tile of {lead + (h, w)} {numpy.dtype(dtype)}")
-            agree(self.cart, who, error, f"{shape} {numpy.dtype(dtype).name}", signature=f"{who} (allocated)")
-            collectives.scatterv(self.cart, send, counts, displs, tile.reshape(-1), root=root,
-                                 staged=backend.is_device_array(tile) and not self.cuda_aware[0])
+        call.agree(root=root)
+        meta = (tuple(field.shape), numpy.dtype(field.dtype).str) if self.rank == root else None
+        shape, dtype = call.share(meta, root=root)
+        lead, nlat, nlon = shape[:-2], shape[-2], shape[-1]
+        xp = backend.array_module(field) if backend.is_array(field) else numpy
+        h, w = self.local_shape(nlat, nlon)
+        counts, displs, send, tile = [], [], None, None
+        # allocate before the data moves: a failure on one rank raises on all
+        with call.local(f"allocating a tile of {lead + (h, w)} {numpy.dtype(dtype)}"):
+            tile = xp.empty(lead + (h, w), dtype=dtype)
+            if self.rank == root:
+                send = xp.empty(field.size, dtype=dtype)
+                start = 0
+                for r in range(self.size):
+                    lat, lon = self.tile_slices(nlat, nlon, r)
+                    block = field[..., lat, lon]
+                    send[start:start + block.size].reshape(block.shape)[...] = block
+                    counts.append(block.size)
+                    displs.append(start)
+                    start += block.size
+        call.agree(shape=shape, dtype=numpy.dtype(dtype).name)
+        collectives.scatterv(self.cart, send, counts, displs, tile.reshape(-1), root=root,
+                             staged=backend.is_device_array(tile) and not self.cuda_aware[0])
         return tile
 
     def _check_field(self, field, root):
@@ -397,6 +397,7 @@ class ProcessGrid:
         except ValueError as exc:
             raise InputError(str(exc).removeprefix("ProcessGrid.scatter: ")) from None
 
+    @collective
     def gather(self, tile, root=0):
         """Assemble the tiles of all ranks into the whole field on ``root``.
 
@@ -426,10 +427,14 @@ class ProcessGrid:
             :func:`~mpisphere.partition.split_sizes` tiles of one field, or a
             field root cannot allocate.
         """
+        return self._gather(tile, root, warn_balanced=True)
+
+    def _gather(self, tile, root, warn_balanced):
+        """:meth:`gather`; ``warn_balanced``: warn for a balanced transform's block (not from gather_coefficients)."""
         self._check_alive()
         who = "ProcessGrid.gather"
-        error = None
-        try:
+        call = Call(self.cart, who)
+        with call.local():
             root = self._check_root(root, "gather")
             if not backend.is_array(tile) or tile.ndim < 2:
                 raise InputError(f"expected this rank's tile, an array with at least 2 axes, got "
@@ -437,30 +442,30 @@ class ProcessGrid:
                                  ValueError if backend.is_array(tile) else TypeError)
             if dtypes.refusal(tile.dtype, "moved"):
                 raise InputError(dtypes.refusal(tile.dtype, "moved"), TypeError)
-        except InputError as exc:
-            error = exc
-        with self.holding(who):
-            agree(self.cart, who, error, f"root={root!r}", signature=who)
-            everyone = collectives.allgather_object(self.cart, (tuple(tile.shape), numpy.dtype(tile.dtype).str))
-            shape = self._fit_tiles(everyone)
-            lead, nlat, nlon = shape[:-2], shape[-2], shape[-1]
-            dtype = everyone[0][1]
-            xp = backend.array_module(tile)
-            counts = [int(numpy.prod(s)) for s, _ in everyone]
-            displs = offsets_of(counts)
-            recv = field = None
-            try:  # allocate before the data moves: a failure on one rank raises on all
-                tile = xp.ascontiguousarray(tile)
-                if self.rank == root:
-                    recv = xp.empty(sum(counts), dtype=dtype)
-                    field = xp.empty(lead + (nlat, nlon), dtype=dtype)
-                error = None
-            except Exception as exc:  # noqa: BLE001 -- MemoryError, cupy's OutOfMemoryError
-                error = InputError.from_exception(exc, f"allocating the gathered field {shape} "
-                                                       f"{numpy.dtype(dtype).name}")
-            agree(self.cart, who, error, f"{shape} {numpy.dtype(dtype).name}", signature=f"{who} (allocated)")
-            collectives.gatherv(self.cart, tile.reshape(-1), recv, counts, displs, root=root,
-                                staged=backend.is_device_array(tile) and not self.cuda_aware[0])
+        call.agree(root=root)
+        if warn_balanced and (tuple(tile.shape[-2:]), numpy.dtype(tile.dtype).str) in self.balanced_blocks:
+            warnings.warn(f"{who}: this array has the shape and dtype of the coefficient block of a transform "
+                          "built with orders='balanced' on this grid, whose columns are not the contiguous "
+                          "orders grid.gather assumes: the gathered array would hold them in the wrong places. "
+                          "Gather coefficients with sht.gather_coefficients(block) (either order layout)",
+                          UserWarning, stacklevel=4)
+        everyone = collectives.allgather_object(self.cart, (tuple(tile.shape), numpy.dtype(tile.dtype).str))
+        shape = self._fit_tiles(everyone)
+        lead, nlat, nlon = shape[:-2], shape[-2], shape[-1]
+        dtype = everyone[0][1]
+        xp = backend.array_module(tile)
+        counts = [int(numpy.prod(s)) for s, _ in everyone]
+        displs = offsets_of(counts)
+        recv = field = None
+        # allocate before the data moves: a failure on one rank raises on all
+        with call.local(f"allocating the gathered field {shape} {numpy.dtype(dtype).name}"):
+            tile = xp.ascontiguousarray(tile)
+            if self.rank == root:
+                recv = xp.empty(sum(counts), dtype=dtype)
+                field = xp.empty(lead + (nlat, nlon), dtype=dtype)
+        call.agree(shape=shape, dtype=numpy.dtype(dtype).name)
+        collectives.gatherv(self.cart, tile.reshape(-1), recv, counts, displs, root=root,
+                            staged=backend.is_device_array(tile) and not self.cuda_aware[0])
         if self.rank != root:
             return None
         for r in range(self.size):

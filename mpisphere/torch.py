@@ -72,9 +72,30 @@ def as_tensor(array):
     return torch.from_dlpack(array)
 
 
+class _Refused:
+    """What a rank hands an operator in place of an input it cannot use: the operator refuses it on every rank.
+
+    Raising on this rank alone would leave the other ranks waiting in the
+    operator's agreement; the operator's own checks raise ``refusal`` (a
+    TypeError) on every rank, naming this one.
+    """
+
+    __slots__ = ("mpisphere_refusal",)
+
+    def __init__(self, refusal):
+        self.mpisphere_refusal = refusal
+
+
+def _call(op, direction, x):
+    return op.forward(x) if direction == FORWARD else op.adjoint(x)
+
+
 def _run(op, direction, tensor):
-    x = as_array(tensor)
-    return as_tensor(op.forward(x) if direction == FORWARD else op.adjoint(x))
+    try:
+        x = as_array(tensor)
+    except TypeError as exc:  # a tensor on another device: refused by the operator's own checks, on every rank
+        x = _Refused(str(exc).removeprefix("mpisphere.torch: "))
+    return as_tensor(_call(op, direction, x))
 
 
 class _Apply(torch.autograd.Function):
@@ -111,9 +132,12 @@ def apply(op, tensor, adjoint=False):
         This rank's output, on ``tensor``'s device, sharing memory with the
         array the operator returned.
     """
+    direction = ADJOINT if adjoint else FORWARD
     if not isinstance(tensor, torch.Tensor):
+        # the operator's checks refuse it on every rank (raising here alone would leave the other ranks waiting)
+        _call(op, direction, _Refused(f"expected a torch.Tensor, got {type(tensor).__name__}"))
         raise TypeError(f"mpisphere.torch.apply({op.name}): expected a torch.Tensor, got {type(tensor).__name__}")
-    return _Apply.apply(tensor, op, ADJOINT if adjoint else FORWARD)
+    return _Apply.apply(tensor, op, direction)
 
 
 class TorchOperator(torch.nn.Module):

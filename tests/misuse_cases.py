@@ -17,7 +17,9 @@ import argparse
 import faulthandler
 import json
 import resource
+import shutil
 import sys
+import tempfile
 import threading
 
 import numpy
@@ -31,6 +33,7 @@ from mpisphere.operators import DISTRIBUTED, Layout
 from mpisphere.sht import calculus
 
 NLAT, NLON = 13, 10
+FOLDERS = []  # the cases' temporary stores, removed at the end
 
 
 def _chunk(extent, comm):
@@ -387,6 +390,166 @@ def gather_coefficients_short(comm, grid, me):
     sht.gather_coefficients(numpy.zeros((l_loc, m_loc - (me == 1)), sht.cdtype))
 
 
+# --- issue 39: the entry points outside the operators; each mistake on the last rank only -----------------
+
+def _folder(comm):
+    """A new temporary folder, the same on every rank (one machine)."""
+    path = comm.bcast(tempfile.mkdtemp(prefix="mpisphere-misuse-") if comm.Get_rank() == 0 else None)
+    FOLDERS.append(path)
+    return path
+
+
+def _last(comm):
+    return comm.Get_size() - 1
+
+
+def _in_step_then(comm, first):
+    """Every rank must still be in step (a hang here is the failure); then the first exception, as one kind."""
+    ReduceFrom(comm).forward(numpy.ones(1))
+    raise RuntimeError(f"{type(first).__name__}: {first}")
+
+
+def checkpoint_fails_on_the_last_rank_before_writing(comm, grid, me):
+    """The last rank raises inside the block before its first write: every rank raises, none waits afterwards."""
+    from mpisphere.io import checkpoint
+    path = _folder(comm)
+    h, w = grid.local_shape(NLAT, NLON)
+    first = None
+    try:
+        with checkpoint(f"{path}/ck", grid) as store:
+            if me == _last(comm):
+                raise KeyError("a bug on the last rank")
+            store.write_tiles("t", numpy.ones((h, w)), NLAT, NLON)
+    except Exception as exc:  # noqa: BLE001
+        first = exc
+    _in_step_then(comm, first)
+
+
+def checkpoint_keep_on_the_last_rank(comm, grid, me):
+    from mpisphere.io import checkpoint
+    with checkpoint(f"{_folder(comm)}/ck", grid, keep=3 if me == _last(comm) else 2):
+        pass
+
+
+def store_mode_on_the_last_rank(comm, grid, me):
+    from mpisphere.io import FieldStore
+    FieldStore(f"{_folder(comm)}/s.zarr", grid, mode="rw" if me == _last(comm) else "w")
+
+
+def _allocation_limited(comm, me, call):
+    """``call()`` with the last rank's address space limited to what it has now plus 8 MB."""
+    limits = resource.getrlimit(resource.RLIMIT_AS)
+    if me == _last(comm):
+        with open("/proc/self/statm") as statm:
+            size = int(statm.read().split()[0]) * resource.getpagesize()
+        resource.setrlimit(resource.RLIMIT_AS, (size + (8 << 20), limits[1]))
+    try:
+        call()
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, limits)
+
+
+def store_write_allocation_fails_on_the_last_rank(comm, grid, me):
+    """The last rank cannot allocate the write's exchange buffers (twice its tile): every rank raises."""
+    from mpisphere.io import FieldStore
+    store = FieldStore(f"{_folder(comm)}/s.zarr", grid, mode="w")
+    nlat, nlon = 512, 1024
+    tile = numpy.ones((32,) + grid.local_shape(nlat, nlon))  # 128 MB over the ranks: 32 MB or more on each
+    _allocation_limited(comm, me, lambda: store.write_tiles("big", tile, nlat, nlon))
+
+
+def store_read_allocation_fails_on_the_last_rank(comm, grid, me):
+    from mpisphere.io import FieldStore
+    store = FieldStore(f"{_folder(comm)}/s.zarr", grid, mode="w")
+    nlat, nlon = 512, 1024
+    store.write_tiles("big", numpy.ones((32,) + grid.local_shape(nlat, nlon)), nlat, nlon)
+    _allocation_limited(comm, me, lambda: store.read_tiles("big", nlat, nlon))
+
+
+def coefficients_orders_on_the_last_rank(comm, grid, me):
+    """Blocks written by a balanced transform on the last rank, contiguous ones elsewhere: refused, not mixed."""
+    from mpisphere.io import FieldStore
+    nlat, nlon = 33, 64
+    sht = DistributedRealSHT(grid, nlat, nlon, orders="balanced" if me == _last(comm) else "contiguous")
+    store = FieldStore(f"{_folder(comm)}/s.zarr", grid, mode="w")
+    store.write_coefficients("c", numpy.zeros(sht.block_shape, sht.cdtype), sht)
+
+
+def set_attrs_values_on_the_last_rank(comm, grid, me):
+    from mpisphere.io import FieldStore
+    FieldStore(f"{_folder(comm)}/s.zarr", grid, mode="w").set_attrs({"a": 2 if me == _last(comm) else 1})
+
+
+def set_attrs_in_another_key_order_on_the_last_rank(comm, grid, me):
+    """Legal: equal attributes in another key order."""
+    from mpisphere.io import FieldStore
+    attrs = {"b": [1, 2], "a": {"y": 1.5, "x": "s"}} if me == _last(comm) else {"a": {"x": "s", "y": 1.5},
+                                                                               "b": [1, 2]}
+    FieldStore(f"{_folder(comm)}/s.zarr", grid, mode="w").set_attrs(attrs)
+
+
+def write_attrs_in_another_key_order_on_the_last_rank(comm, grid, me):
+    """Legal: a variable's equal attributes in another key order."""
+    from mpisphere.io import FieldStore
+    attrs = {"units": "m", "long_name": "h"} if me == _last(comm) else {"long_name": "h", "units": "m"}
+    store = FieldStore(f"{_folder(comm)}/s.zarr", grid, mode="w")
+    store.write_tiles("h", numpy.ones(grid.local_shape(NLAT, NLON)), NLAT, NLON, attrs=attrs)
+
+
+def _solver(grid, **options):
+    return ShallowWaterSolver(grid, 12, 24, dt=150.0, quadrature="legendre-gauss", **options)
+
+
+def leapfrog_history_ahead_on_the_last_rank(comm, grid, me):
+    """The last rank's history two steps ahead: every rank raises instead of running the others' steps."""
+    swe = _solver(grid, scheme="semi-implicit")
+    u = swe.random_initial_condition()
+    history = swe.new_history()
+    u = swe.timestep(u, 1, history)
+    if me == _last(comm):
+        history.step += 2
+    swe.timestep(u, 1, history)
+
+
+def history_malformed_on_the_last_rank(comm, grid, me):
+    swe = _solver(grid)
+    u = swe.random_initial_condition()
+    history = swe.new_history()
+    u = swe.timestep(u, 3, history)
+    if me == _last(comm):
+        history.tendencies.pop(min(history.tendencies))
+    swe.timestep(u, 1, history)
+
+
+def state_not_finite_on_the_last_rank(comm, grid, me):
+    """A model that blows up (here: a NaN planted on the last rank) raises on every rank naming the step."""
+    swe = _solver(grid)
+    u = swe.random_initial_condition()
+    if me == _last(comm):
+        u[0].flat[0] = numpy.nan
+    swe.timestep(u, 2)
+
+
+def save_not_finite_on_the_last_rank(comm, grid, me):
+    swe = _solver(grid)
+    u = swe.random_initial_condition()
+    if me == _last(comm):
+        u[1].flat[0] = numpy.inf
+    swe.save(f"{_folder(comm)}/ck", u)
+
+
+def laplacian_radius_zero_on_the_last_rank(comm, grid, me):
+    calculus.laplacian(DistributedRealSHT(grid, NLAT, NLON), 0.0 if me == _last(comm) else 1.0)
+
+
+def laplacian_radius_huge_on_the_last_rank(comm, grid, me):
+    calculus.inverse_laplacian(DistributedRealSHT(grid, NLAT, NLON), 1e300 if me == _last(comm) else 1.0)
+
+
+def hyperdiffusion_negative_dt_on_the_last_rank(comm, grid, me):
+    calculus.hyperdiffusion(DistributedRealSHT(grid, NLAT, NLON), -600.0 if me == _last(comm) else 600.0)
+
+
 CASES = [chunk_width, batch_gather_from, batch_reduce_from, batch_transpose, batch_halo, batch_sht,
          dtype_gather_from, dtype_copy_to_adjoint, out_shape, out_dtype, out_read_only, other_operator,
          other_extent, sht_lmax, halo_wider_than_neighbour, halo_tile_widths, grid_dims, grid_invalid_dims,
@@ -397,7 +560,16 @@ CASES = [chunk_width, batch_gather_from, batch_reduce_from, batch_transpose, bat
          gather_root, integrate_grid_batch, interpolation_same_weighted_sum, interpolation_nan_point,
          interpolation_last_rank, composition_against_parts, threads_taking_turns,
          run_in_worker_threads_named_differently, main_thread_against_worker, allocation_fails_on_one_rank,
-         dottest_rtol, gather_coefficients_short]
+         dottest_rtol, gather_coefficients_short,
+         # issue 39
+         checkpoint_fails_on_the_last_rank_before_writing, checkpoint_keep_on_the_last_rank,
+         store_mode_on_the_last_rank, store_write_allocation_fails_on_the_last_rank,
+         store_read_allocation_fails_on_the_last_rank, coefficients_orders_on_the_last_rank,
+         set_attrs_values_on_the_last_rank, set_attrs_in_another_key_order_on_the_last_rank,
+         write_attrs_in_another_key_order_on_the_last_rank, leapfrog_history_ahead_on_the_last_rank,
+         history_malformed_on_the_last_rank, state_not_finite_on_the_last_rank, save_not_finite_on_the_last_rank,
+         laplacian_radius_zero_on_the_last_rank, laplacian_radius_huge_on_the_last_rank,
+         hyperdiffusion_negative_dt_on_the_last_rank]
 
 
 def main():
@@ -433,6 +605,10 @@ def main():
         meet.Barrier()
     results.close()
     grid.free()
+    meet.Barrier()
+    if me == 0:
+        for folder in FOLDERS:
+            shutil.rmtree(folder, ignore_errors=True)
     meet.Free()
     return 0
 

@@ -234,3 +234,84 @@ def test_each_legendre_strategy_lives_in_its_own_record():
             if names.search(line):
                 wrong.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
     assert not wrong, "a Legendre strategy named outside its record:\n" + "\n".join(wrong)
+
+
+# --- one protocol for the collective calls outside the operators -------------------------------------------
+
+# where an agreement may be written out: the agreement itself, the operators' protocol (LinearOperator._apply) and
+# the halo's agreement with its neighbours (its _agreement override)
+AGREEMENT_HOMES = {"agreement", "agreement.collective", "agreement.call", "agreement.neighbours", "agreement.stall",
+                   "operators.base", "halo.exchange"}
+HAND_WRITTEN = {"agree", "settle"}
+
+
+def _called_name(node):
+    func = node.func
+    return func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+
+
+def hand_written_agreements(path):
+    """``(line, name)`` of every call of ``agree(...)`` or ``settle(...)`` (not ``call.agree``) in ``path``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in HAND_WRITTEN:
+            found.append((node.lineno, node.func.id))
+    return found
+
+
+def unmarked_collective_methods(path):
+    """``(line, Class.method)`` of public methods that run a ``Call`` or call ``collectives`` without ``@collective``.
+
+    Operators (classes with ``_run``/``_output``, the protocol of ``LinearOperator._apply``) and constructors are
+    left out: an operator's public calls go through ``_apply``, a constructor agrees with ``agree_construction``.
+    """
+    found = []
+    for cls in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(cls, ast.ClassDef):
+            continue
+        methods = [m for m in cls.body if isinstance(m, ast.FunctionDef)]
+        if any(m.name in ("_run", "_output") for m in methods):
+            continue
+        for method in methods:
+            public = not method.name.startswith("_") or method.name in ("__enter__", "__exit__")
+            if not public:
+                continue
+            talks = any(isinstance(n, ast.Call) and (_called_name(n) == "Call" or (
+                isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name)
+                and n.func.value.id == "collectives")) for n in ast.walk(method))
+            marked = any((isinstance(d, ast.Name) and d.id == "collective") for d in method.decorator_list)
+            if talks and not marked:
+                found.append((method.lineno, f"{cls.name}.{method.name}"))
+    return found
+
+
+# classes whose public methods communicate as part of a call agreed elsewhere: the protocol's own machinery, and a
+# transpose in flight (agreed when it was started; wait() and test() complete it)
+AGREED_ELSEWHERE = {"agreement.call", "agreement.neighbours", "agreement.stall", "transpose.Exchange"}
+
+
+def test_every_collective_call_runs_the_one_protocol():
+    """No agreement written by hand outside its homes; every public collective method marked ``@collective``."""
+    wrong = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = module_name(path)
+        if name not in AGREEMENT_HOMES:
+            wrong += [f"{path.relative_to(ROOT)}:{line}: {called}(...) by hand (use agreement.Call)"
+                      for line, called in hand_written_agreements(path)]
+        if name in AGREED_ELSEWHERE:
+            continue
+        wrong += [f"{path.relative_to(ROOT)}:{line}: {method} communicates without @collective"
+                  for line, method in unmarked_collective_methods(path)
+                  if f"{name}.{method.split('.')[0]}" not in AGREED_ELSEWHERE]
+    assert not wrong, "collective calls outside the protocol:\n" + "\n".join(wrong)
+
+
+def test_the_protocol_checker_sees_both_mistakes(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text("class Store:\n"
+                      "    def write(self):\n        call = Call(self.comm, 'w')\n        call.agree()\n"
+                      "    @collective\n    def read(self):\n        return Call(self.comm, 'r').root(f)\n"
+                      "    def local(self):\n        return 1\n"
+                      "def helper(comm):\n    settle(comm, 'x', None)\n")
+    assert unmarked_collective_methods(sample) == [(2, "Store.write")]
+    assert hand_written_agreements(sample) == [(11, "settle")]

@@ -11,7 +11,8 @@ crash fails the row.
 Issue 24's rows were run against 0.2 (the code before the change) with the
 same case file: every one of them failed there (hangs, results returned on
 some or all ranks, errors on one rank only); the issue's closing note lists
-what each did.
+what each did. Issue 39's rows (the I/O, checkpoints, model histories and
+parameters, each mistake on the last rank) likewise against e18babc.
 """
 
 import functools
@@ -85,9 +86,9 @@ EXPECTED = {
                                 r"rank 1 has: ShallowWaterSolver\(grid=.*dt=900\.0"),
     # class 3: collectives outside the operators
     "scatter_root": ("ValueError", r"^ProcessGrid.scatter: the {size} ranks disagree .*rank 1 has: "
-                                   r"ProcessGrid.scatter: root=1(; debug)?$"),
+                                   r"\{{\"root\":1\}}$"),
     "gather_root": ("ValueError", r"^ProcessGrid.gather: the {size} ranks disagree .*rank 1 has: "
-                                  r"ProcessGrid.gather: root=1(; debug)?$"),
+                                  r"\{{\"root\":1\}}$"),
     "integrate_grid_batch": ("ValueError", r"^ReduceFrom.forward: the {size} ranks disagree .*rank 1 has: "
                                            r"ReduceFrom\(comm=grid.cart \({size} ranks\)\) forward: shape \(3,\)"),
     "interpolation_same_weighted_sum": ("ValueError", r"^PointInterpolation: the {size} ranks built it from "
@@ -111,7 +112,50 @@ EXPECTED = {
                                    r"dottest\(GatherFrom\): rtol=1e-30"),
     "gather_coefficients_short": ("ValueError", r"^DistributedRealSHT.gather_coefficients: rank 1 of {size}: "
                                                 r"expected this rank's coefficient block"),
+    # issue 39: the entry points outside the operators, each mistake on the last rank only
+    "checkpoint_fails_on_the_last_rank_before_writing": ("RuntimeError", r"^(KeyError: 'a bug on the last rank'|"
+                                                         r"RuntimeError: FieldStore.write_tiles\('t'\): rank {last} of "
+                                                         r"{size}: the checkpoint was not completed: KeyError)"),
+    "checkpoint_keep_on_the_last_rank": ("ValueError", r"^checkpoint\(.*\): the {size} ranks disagree .*\| rank {last} "
+                                                       r"has: \{{\"keep\":3,"),
+    "store_mode_on_the_last_rank": ("ValueError", r"^FieldStore\(.*\): rank {last} of {size}: FieldStore: mode must be "
+                                                  r"one of 'r', 'r\+', 'w', 'a', got 'rw'$"),
+    # a memory limit on the last rank: the first allocation that fails there (a buffer, or a thread of zarr's)
+    "store_write_allocation_fails_on_the_last_rank": (("MemoryError", "ValueError"), r"^FieldStore.write_tiles\('big'\)"
+                                                      r": rank {last} of {size}: cannot write 'big' to .*"
+                                                      r"(MemoryError|can't start new thread)"),
+    "store_read_allocation_fails_on_the_last_rank": (("MemoryError", "ValueError"), r"^FieldStore.read_tiles\('big'\): "
+                                                     r"rank {last} of {size}: cannot read 'big' from .*"
+                                                     r"(MemoryError|can't start new thread)"),
+    "coefficients_orders_on_the_last_rank": ("ValueError", r"^FieldStore.write_coefficients\('c'\): the {size} ranks "
+                                                           r"disagree .*\| rank {last} has: .*\"layout\":"
+                                                           r"\"orders=balanced\""),
+    "set_attrs_values_on_the_last_rank": ("ValueError", r"^FieldStore.set_attrs: the {size} ranks disagree .*\| rank "
+                                                        r"{last} has: \{{\"attrs\":\{{\"a\":2\}}\}}$"),
+    "set_attrs_in_another_key_order_on_the_last_rank": ("returned", None),
+    "write_attrs_in_another_key_order_on_the_last_rank": ("returned", None),
+    "leapfrog_history_ahead_on_the_last_rank": ("ValueError", r"^ShallowWaterSolver.timestep: the {size} ranks "
+                                                              r"disagree .*\| rank {last} has: .*\"step\":3"),
+    "history_malformed_on_the_last_rank": ("ValueError", r"^ShallowWaterSolver.timestep: rank {last} of {size}: "
+                                                         r"history.tendencies must hold steps \[1, 2\] at step 3"),
+    "state_not_finite_on_the_last_rank": ("FloatingPointError", r"^ShallowWaterSolver.timestep: rank {last} of {size}: "
+                                                                r"the state is not finite at step 0 \(geopotential\)"),
+    "save_not_finite_on_the_last_rank": ("FloatingPointError", r"^ShallowWaterSolver.save\(.*\): rank {last} of "
+                                                               r"{size}: the state \(or its history\) is not finite"),
+    "laplacian_radius_zero_on_the_last_rank": ("ValueError", r"^laplacian: rank {last} of {size}: radius must be a "
+                                                             r"finite number > 0, got 0.0$"),
+    "laplacian_radius_huge_on_the_last_rank": ("ValueError", r"^inverse_laplacian: rank {last} of {size}: "
+                                                             r"radius=1e\+300: the factors are not finite"),
+    "hyperdiffusion_negative_dt_on_the_last_rank": ("ValueError", r"^hyperdiffusion: rank {last} of {size}: dt must be "
+                                                                  r"a finite number >= 0, got -600.0$"),
 }
+
+# the cases that need mpisphere.io (the io extra: Zarr, Python 3.11 and newer)
+IO_CASES = {"checkpoint_fails_on_the_last_rank_before_writing", "checkpoint_keep_on_the_last_rank",
+            "store_mode_on_the_last_rank", "store_write_allocation_fails_on_the_last_rank",
+            "store_read_allocation_fails_on_the_last_rank", "coefficients_orders_on_the_last_rank",
+            "set_attrs_values_on_the_last_rank", "set_attrs_in_another_key_order_on_the_last_rank",
+            "write_attrs_in_another_key_order_on_the_last_rank", "save_not_finite_on_the_last_rank"}
 
 SIZES = [2, 4]
 
@@ -146,6 +190,8 @@ def _launch(size, debug):
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("case", list(EXPECTED))
 def test_mistake_on_one_rank_raises_on_every_rank(case, size, debug):
+    if case in IO_CASES:
+        pytest.importorskip("zarr")  # the io extra (Python 3.11 and newer)
     records, output = _launch(size, debug)
     seen = records.get(case, [])
     if len(seen) != size:
@@ -161,6 +207,7 @@ def test_mistake_on_one_rank_raises_on_every_rank(case, size, debug):
     pattern = pattern.format(size=size, last=size - 1)
     for record in sorted(seen, key=lambda r: r["rank"]):
         assert record["outcome"] == "raised", f"{case}: rank {record['rank']} returned a result"
-        assert record["type"] == kind, f"{case}: rank {record['rank']} raised {record['type']}: {record['message']}"
+        assert record["type"] in ((kind,) if isinstance(kind, str) else kind), \
+            f"{case}: rank {record['rank']} raised {record['type']}: {record['message']}"
         assert re.search(pattern, record["message"]), \
             f"{case}: rank {record['rank']}'s message does not match {pattern!r}:\n{record['message']}"

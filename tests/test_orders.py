@@ -147,3 +147,18 @@ def test_shallow_water_model_is_the_same_in_both_layouts(grid):
 def test_layout_keyword_is_checked(grid):
     with pytest.raises(ValueError, match="DistributedRealSHT: orders must be one of"):
         DistributedRealSHT(grid, 17, 32, orders="zig-zag")
+
+
+@pytest.mark.mpi
+def test_grid_gather_of_a_balanced_block_warns_and_gather_coefficients_does_not(grid):
+    """grid.gather assumes the contiguous orders: given a balanced transform's block it warns, naming the right call."""
+    import warnings
+    sht = DistributedRealSHT(grid, 17, 32, orders="balanced")
+    if sht.spectral_layout.blocks != "orders=balanced":
+        pytest.skip("one azimuth rank: the balanced layout is the contiguous one")
+    block = numpy.zeros(sht.block_shape, sht.cdtype)
+    with pytest.warns(UserWarning, match=r"orders='balanced'.*sht.gather_coefficients\(block\)"):
+        grid.gather(block)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sht.gather_coefficients(block)

@@ -79,7 +79,7 @@ def test_a_semi_implicit_run_restarts_bit_identically(grid, tmp_path):
     # a history of the other scheme on the last rank only: every rank raises, nothing is written
     wrong = AdamsBashforthHistory() if grid.rank == grid.size - 1 else history
     other = os.path.join(shared, "not-written")
-    with pytest.raises(ValueError, match=f"of {grid.size}: history must be a LeapfrogHistory for the "
+    with pytest.raises(TypeError, match=f"of {grid.size}: history must be a LeapfrogHistory for the "
                                          "semi-implicit scheme"):
         swe.save(other, half, wrong)
     assert not os.path.exists(other)

@@ -81,4 +81,6 @@ def test_a_halo_neighbour_that_never_sends_is_named():
 def test_no_report_before_its_time():
     """The same mistake with the report at 60 s and the deadline at 2.5 s: the abort comes without a report first."""
     code, output = launch("called_on_some_ranks", report="60", deadline="2.5")
-    assert code != 0 and output.count("has waited") == 2 and "aborts the job now" in output, output
+    waited = [line for line in output.splitlines() if "has waited" in line]
+    # the first rank at its deadline aborts the job: the other may not get to print
+    assert code != 0 and waited and all("aborts the job now" in line for line in waited), output

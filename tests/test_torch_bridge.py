@@ -197,6 +197,18 @@ def test_a_shape_mistake_on_one_rank_raises_on_every_rank(grid):
 
 
 @pytest.mark.mpi
+def test_a_non_tensor_on_the_last_rank_raises_on_every_rank(grid):
+    """A list where a tensor belongs, on the last rank only: every rank raises a TypeError naming it (no rank waits)."""
+    sht = DistributedRealSHT(grid, 12, 24)
+    x = torch.zeros(sht.domain_shape((2,)), dtype=torch.float64)
+    given = x.tolist() if grid.rank == grid.size - 1 else x
+    with pytest.raises(TypeError, match=rf"^DistributedRealSHT.forward: rank {grid.size - 1} of {grid.size}: expected "
+                                        r"a torch.Tensor, got list$"):
+        mt.apply(sht, given)
+    assert mt.apply(sht, x).shape == sht.range_shape((2,))  # the ranks are in step afterwards
+
+
+@pytest.mark.mpi
 def test_gradients_of_a_loss_equal_torch_harmonics_serial_autograd(grid):
     """A loss of the coefficients and of the synthesised field, on the grid and in torch-harmonics on one rank."""
     if REQUIRED:

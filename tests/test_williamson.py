@@ -75,7 +75,7 @@ def test_the_semi_implicit_scheme_continues_across_calls_and_orography_needs_a_t
     numpy.testing.assert_array_equal(split, swe.timestep(u, 7))
     assert history.step == 7
     wrong = AdamsBashforthHistory() if grid.rank == grid.size - 1 else LeapfrogHistory()
-    with pytest.raises(ValueError, match=f"of {grid.size}: history must be a LeapfrogHistory for the "
+    with pytest.raises(TypeError, match=f"of {grid.size}: history must be a LeapfrogHistory for the "
                                          "semi-implicit scheme"):
         swe.timestep(u, 1, wrong)  # a wrong kind on the last rank raises on every rank
     with pytest.raises(ValueError, match=f"of {grid.size}: orography must be None, 'williamson5' or this rank's"):

@@ -35,6 +35,17 @@ Four strategies
     * :func:`settle`, after a step whose outcome may differ between ranks
       (a file written or read): one ``Allreduce`` of an error flag, always.
 
+One protocol
+    Every collective call outside the operators runs as a :class:`Call`:
+    validate locally, allocate, agree (by value: :func:`canonical`),
+    communicate, settle; :func:`collective` marks such a public method and
+    holds its grid's guard. The operators' ``_apply`` runs the same steps.
+
+Stalls
+    A rank that never arrives in a call leaves the others waiting in its
+    agreement: :mod:`.stall` reports who waits where and who is missing, and
+    aborts the job at an optional deadline.
+
 Threads
     :class:`CallGuard` is the one lock of a grid. A call that finds the
     grid busy with another thread raises on its rank at once, and the
@@ -44,11 +55,12 @@ Threads
     never part of what is compared.
 
 Only :mod:`mpisphere.collectives` is used to talk to MPI. The package's
-modules: :mod:`.spec`, :mod:`.description`, :mod:`.collective` (over a
-communicator), :mod:`.neighbours` (with the neighbours), :mod:`.guard`
-(threads).
+modules: :mod:`.spec`, :mod:`.description`, :mod:`.stall`,
+:mod:`.collective` (over a communicator), :mod:`.call` (the protocol),
+:mod:`.neighbours` (with the neighbours), :mod:`.guard` (threads).
 """
 
+from .call import Call, canonical, collective, finding
 from .collective import agree, agree_construction, as_exception, differences, raise_everywhere, settle
 from .description import Described, call_description, describe_value, description_of, digest
 from .guard import REFUSED, CallGuard
@@ -68,6 +80,10 @@ __all__ = [
     "agree_construction",
     "raise_everywhere",
     "settle",
+    "Call",
+    "canonical",
+    "collective",
+    "finding",
     "NeighbourRound",
     "message_buffer",
     "HEADER_BYTES",

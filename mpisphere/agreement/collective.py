@@ -38,7 +38,7 @@ def _ranks(ranks):
 
 _KINDS = {"TypeError": TypeError, "RuntimeError": RuntimeError, "MemoryError": MemoryError, "OSError": OSError,
           "FileNotFoundError": FileNotFoundError, "FileExistsError": FileExistsError,
-          "PermissionError": PermissionError, "ImportError": ImportError}
+          "PermissionError": PermissionError, "ImportError": ImportError, "FloatingPointError": FloatingPointError}
 
 
 def as_exception(who, errors):
@@ -59,7 +59,17 @@ def as_exception(who, errors):
     shown = " | ".join(f"{_ranks(ranks)} of {size}: {text}" for text, ranks in items[:4])
     rest = sum(len(ranks) for _, ranks in items[4:])
     more = f" | and {rest} more rank{'s' if rest > 1 else ''}" if rest else ""
-    return cls(f"{who}: {shown}{more}")
+    return agreed(cls(f"{who}: {shown}{more}"))
+
+
+def agreed(exc):
+    """``exc`` marked as raised by every rank of one agreement (``exc.mpisphere_agreed``).
+
+    A caller cleaning up after it (a checkpoint's ``__exit__``) knows that
+    every rank left at the same step and needs no further step of its own.
+    """
+    exc.mpisphere_agreed = True
+    return exc
 
 
 # --- over a communicator -------------------------------------------------------------------------------
@@ -144,7 +154,7 @@ def agree(comm, who, error, description, spec=None, signature=""):
         raise as_exception(who, errors)
     problems = differences([d for _, d, _ in everyone])
     if not problems:  # the ranks agree here: find the groups of a sub-communicator that do not
-        for index in range(len(everyone[0][2])):
+        for index in range(min(len(parts_of) for _, _, parts_of in everyone)):
             group_of = {}
             for r, (_, _, subparts) in enumerate(everyone):
                 where, text = subparts[index]
@@ -159,7 +169,7 @@ def agree(comm, who, error, description, spec=None, signature=""):
                 break
     if not problems:  # debug mode compared everything and found it equal
         return context
-    raise ValueError(f"{who}: the {size} ranks disagree on what they are about to do: {problems}")
+    raise agreed(ValueError(f"{who}: the {size} ranks disagree on what they are about to do: {problems}"))
 
 
 def _groups_disagree(comm, parts):
@@ -208,16 +218,19 @@ def settle(comm, who, error, description="", mismatch="disagree on what they are
             raise as_exception(who, [(0, 1, error.kind.__name__, error.text)])
         return
     code = digest(description)
-    flags = numpy.array([0 if error is None else 1, code, -code], dtype=numpy.int64)
+    # the layout of agree()'s flags: any agreement step meets any other (a rank that failed before a call and
+    # settles its failure meets the others' next agreement, whichever kind), and differing digests tell
+    flags = numpy.array([0 if error is None else 1, code, -code, code, -code, 0], dtype=numpy.int64)
     _reduce(comm, flags, who)
     if flags[0] == 0 and flags[1] == -flags[2]:
         return
+    # agree()'s layout too (its third member: the parts on sub-communicators), so that the two meet
     everyone = collectives.allgather_object(comm, (None if error is None else (error.kind.__name__, error.text),
-                                                   description))
-    errors = [(r, size, e[0], e[1]) for r, (e, _) in enumerate(everyone) if e is not None]
+                                                   description, []))
+    errors = [(r, size, e[0], e[1]) for r, (e, _, _) in enumerate(everyone) if e is not None]
     if errors:
         raise as_exception(who, errors)
-    raise ValueError(f"{who}: the {size} ranks {mismatch}: {differences([d for _, d in everyone])}")
+    raise agreed(ValueError(f"{who}: the {size} ranks {mismatch}: {differences([d for _, d, _ in everyone])}"))
 
 
 def raise_everywhere(comm, who, error):

@@ -17,7 +17,9 @@ class Spec(collections.namedtuple("Spec", "shape dtype device")):
     def of(cls, a, what="input"):
         """The spec of array ``a``; an :class:`InputError` (TypeError) for anything else."""
         if not backend.is_array(a):
-            raise InputError(f"the {what} must be a NumPy or CuPy array, got {type(a).__name__}", TypeError)
+            # a bridge hands its refusal over as such an object, so that the operator raises it on every rank
+            raise InputError(getattr(a, "mpisphere_refusal", None) or
+                             f"the {what} must be a NumPy or CuPy array, got {type(a).__name__}", TypeError)
         return cls(tuple(a.shape), numpy.dtype(a.dtype), backend.is_device_array(a))
 
     def but(self, shape=None, dtype=None):

@@ -42,7 +42,7 @@ import math
 
 import numpy
 
-from ..agreement import Described, InputError, agree_construction, settle
+from ..agreement import Call, Described, InputError, agree_construction, collective
 from ..io import checkpoint, open_checkpoint
 from ..primitives import GatherFrom, ReduceFrom
 from ..sht import calculus
@@ -289,6 +289,7 @@ class ShallowWaterSolver(Described):
         dudtspec[2] = tmpspec[0, 0] - self.laplacian.forward(energy)
         return dudtspec, numpy.stack([ugrid[0], absvort, uvgrid[0], uvgrid[1]])
 
+    @collective
     def timestep(self, uspec, nsteps, history=None):
         """Integrate ``nsteps`` steps of the model's scheme, with hyperdiffusion; returns the new state.
 
@@ -309,8 +310,11 @@ class ShallowWaterSolver(Described):
             starts the scheme afresh with its first step, as
             torch-harmonics' ``timestep`` does.
         """
-        self._check_history(history, "ShallowWaterSolver.timestep")
-        return self._integrate(uspec, nsteps, None, history)
+        self._check_history(history, "ShallowWaterSolver.timestep", uspec)
+        first = 0 if history is None else history.step
+        final = self._integrate(uspec, nsteps, None, history)
+        self._check_finite(final, "ShallowWaterSolver.timestep", first + nsteps)
+        return final
 
     def new_history(self):
         """A fresh history for this model's scheme: an ``AdamsBashforthHistory`` or a ``LeapfrogHistory``."""
@@ -319,13 +323,65 @@ class ShallowWaterSolver(Described):
     def _history_kind(self):
         return time_stepping.AdamsBashforthHistory if self._implicit is None else time_stepping.LeapfrogHistory
 
-    def _check_history(self, history, who):
-        """Raise on every rank when a rank's ``history`` (None allowed) is not of this scheme's kind. Collective."""
+    def _check_history(self, history, who, uspec=None):
+        """Raise on every rank when a rank's ``history`` (None allowed) does not fit this model. Collective.
+
+        A history must be of this scheme's kind and hold what that kind
+        holds, arrays of the state's shape and dtype; and every rank's must
+        be at the same step with the same steps kept (compared by value): a
+        rank two steps ahead would otherwise run the others' steps with its
+        own tendencies.
+        """
         kind = self._history_kind()
-        error = None if history is None or isinstance(history, kind) else InputError(
-            f"history must be a {kind.__name__} for the {self.scheme} scheme (or None), "
-            f"got {type(history).__name__}")
-        settle(self.grid.cart, who, error)
+        call = Call(self.grid.cart, who)
+        state = None
+        with call.local():
+            if history is not None:
+                state = self._describe_history(history, kind, uspec)
+        call.agree(history=state)
+
+    def _describe_history(self, history, kind, uspec):
+        """What the ranks compare of ``history``; a TypeError or ValueError for one that does not fit."""
+        if not isinstance(history, kind):
+            raise TypeError(f"history must be a {kind.__name__} for the {self.scheme} scheme (or None), "
+                            f"got {type(history).__name__}")
+        shape = tuple(uspec.shape) if uspec is not None else (3,) + tuple(self.sht.block_shape)
+        dtype = numpy.dtype(uspec.dtype) if uspec is not None else self.sht.cdtype
+        step = history.step
+        if isinstance(step, bool) or not isinstance(step, (int, numpy.integer)) or step < 0:
+            raise ValueError(f"history.step must be a step number >= 0, got {step!r}")
+
+        def fits(array, what):
+            if not isinstance(array, numpy.ndarray) or array.shape != shape or array.dtype != dtype:
+                raise ValueError(f"{what} must be this rank's state block {shape} {dtype.name}, got "
+                                 f"{type(array).__name__} {getattr(array, 'shape', '')} {getattr(array, 'dtype', '')}")
+        if kind is time_stepping.LeapfrogHistory:
+            if history.previous is not None:
+                fits(history.previous, "history.previous")
+            elif step > 0:
+                raise ValueError(f"history.previous is None after {step} steps (a leapfrog needs the state before)")
+            return {"kind": kind.__name__, "step": int(step), "previous": history.previous is not None}
+        tendencies = history.tendencies
+        if not isinstance(tendencies, dict) or not all(isinstance(n, (int, numpy.integer)) for n in tendencies):
+            raise ValueError(f"history.tendencies must map step numbers to tendencies, got {tendencies!r:.80}")
+        wanted = set(range(max(step - 2, 0), step))
+        if set(tendencies) != wanted:
+            raise ValueError(f"history.tendencies must hold steps {sorted(wanted)} at step {step}, got "
+                             f"{sorted(tendencies)}")
+        for n, tendency in tendencies.items():
+            fits(tendency, f"history.tendencies[{n}]")
+        return {"kind": kind.__name__, "step": int(step), "tendencies": sorted(int(n) for n in tendencies)}
+
+    def _check_finite(self, state, who, step):
+        """Raise on every rank when any rank's state is not finite (the model blew up), naming the step. Collective."""
+        call = Call(self.grid.cart, who)
+        bad = [name for name, field in zip(("geopotential", "vorticity", "divergence"), state)
+               if not numpy.isfinite(field).all()]
+        if bad:
+            call.fail(f"the state is not finite at step {step} ({', '.join(bad)}): the model blew up; a time step of "
+                      f"dt={self.dt:g} s is probably above the scheme's stability limit (try a smaller dt, or "
+                      f"scheme='semi-implicit')", FloatingPointError)
+        call.agree()
 
     def diffuse(self, uspec):
         """The implicit hyperdiffusion of one step on vorticity and divergence, in place; returns ``uspec``.
@@ -336,8 +392,9 @@ class ShallowWaterSolver(Described):
         uspec[..., 1:, :, :] = self.hyperdiffusion.forward(uspec[..., 1:, :, :])
         return uspec
 
-    def _integrate(self, uspec, nsteps, trajectory, history=None):
+    def _integrate(self, uspec, nsteps, trajectory, history=None, who="ShallowWaterSolver.timestep"):
         def tendency(n, state):
+            self._check_finite(state, who, n)
             dudt, fields = self._tendency(state)
             if trajectory is not None:
                 trajectory.append(fields)
@@ -396,7 +453,8 @@ class ShallowWaterSolver(Described):
                 # the filter exists in the semi-implicit scheme only (explicit checkpoints stay as they were)
                 **({"robert_asselin": self.robert_asselin} if self.scheme == "semi-implicit" else {})}
 
-    def save(self, path, uspec, history=None, *, keep=2):
+    @collective
+    def save(self, path, uspec, history=None, *, keep=2, allow_nonfinite=False):
         """Write a checkpoint: the state, the scheme's history, the step, the time and the parameters. Collective.
 
         Every rank writes its own blocks (:mod:`mpisphere.io`; needs the
@@ -415,8 +473,21 @@ class ShallowWaterSolver(Described):
             checkpoint restarts the scheme afresh, like a new run.
         keep : int
             Versions kept at ``path``.
+        allow_nonfinite : bool
+            Write a state that is not finite (NaN or infinite values, a model
+            that blew up) instead of refusing it on every rank.
         """
-        self._check_history(history, f"ShallowWaterSolver.save({str(path)!r})")
+        who = f"ShallowWaterSolver.save({str(path)!r})"
+        self._check_history(history, who, uspec)
+        if not allow_nonfinite:
+            arrays = [uspec] + list(getattr(history, "tendencies", {}).values()) + \
+                [a for a in [getattr(history, "previous", None)] if a is not None]
+            call = Call(self.grid.cart, who)
+            if not all(numpy.isfinite(a).all() for a in arrays):
+                call.fail("the state (or its history) is not finite: refused, so that a blown-up run does not "
+                          "replace the last good checkpoint (allow_nonfinite=True writes it anyway)",
+                          FloatingPointError)
+            call.agree()
         history = self.new_history() if history is None else history
         steps = sorted(getattr(history, "tendencies", {}), reverse=True)
         previous = getattr(history, "previous", None)
@@ -436,6 +507,7 @@ class ShallowWaterSolver(Described):
                              "step": history.step, "time_seconds": history.step * self.dt,
                              "tendency_steps": steps, "has_previous": previous is not None})
 
+    @collective
     def load(self, path):
         """Read the current checkpoint at ``path`` onto this model's grid: ``(uspec, history)``. Collective.
 
@@ -457,9 +529,10 @@ class ShallowWaterSolver(Described):
                              f"{differ or 'it was not written by ShallowWaterSolver.save'}")
         if self._orography_kind == "array":
             saved_orography = store.read_tiles("orography", self.nlat, self.nlon, self.sht.quadrature)
-            error = None if numpy.array_equal(saved_orography, self.orography) else InputError(
-                "the checkpoint's orography differs from this model's on this rank's tile")
-            settle(self.grid.cart, f"ShallowWaterSolver.load({path!r})", error)
+            call = Call(self.grid.cart, f"ShallowWaterSolver.load({path!r})")
+            if not numpy.array_equal(saved_orography, self.orography):
+                call.fail("the checkpoint's orography differs from this model's on this rank's tile")
+            call.agree()
         uspec = store.read_coefficients("state", self.sht)
         if self._implicit is not None:
             previous = store.read_coefficients("previous", self.sht) if attrs.get("has_previous", False) else None

@@ -22,8 +22,7 @@ import os
 import re
 import shutil
 
-from .. import collectives
-from ..agreement import InputError, settle
+from ..agreement import Call, collective
 from ..validation import check_int
 from . import zarr_files
 from .store import FieldStore
@@ -74,44 +73,43 @@ class Checkpoint:
     def __init__(self, path, grid, keep=2):
         self.path = os.fspath(path)
         self.grid = grid
-        self.keep = check_int(keep, "keep", "checkpoint", minimum=1)
+        self.keep = keep
         self.version = None
         self.store = None
 
+    @collective
     def __enter__(self):
-        who = f"checkpoint({self.path!r})"
-        name, error = None, None
-        if self.grid.rank == 0:
-            try:
-                os.makedirs(self.path, exist_ok=True)
-                versions = _versions(self.path)
-                name = f"v{(versions[-1][0] + 1) if versions else 1:06d}.zarr"
-            except OSError as exc:
-                error = InputError(f"cannot create {self.path!r}: {exc}", OSError)
-        settle(self.grid.cart, who, error)
-        self.version = collectives.bcast_object(self.grid.cart, name)
+        call = Call(self.grid.cart, f"checkpoint({self.path!r})")
+        with call.local():
+            self.keep = check_int(self.keep, "keep", "checkpoint", minimum=1)
+        call.agree(path=self.path, keep=self.keep)  # rank 0 removes the old versions: one keep for all
+
+        def new_version():
+            os.makedirs(self.path, exist_ok=True)
+            versions = _versions(self.path)
+            return f"v{(versions[-1][0] + 1) if versions else 1:06d}.zarr"
+        self.version = call.root(new_version, f"cannot create {self.path!r}")
         self.store = FieldStore(os.path.join(self.path, self.version), self.grid, mode="w", durable=True)
         return self.store
 
+    @collective
     def __exit__(self, kind, exc, tb):
-        who = f"checkpoint({self.path!r})"
-        # a failure on one rank inside the block: no rank switches, every rank raises
-        failed = None if exc is None else InputError(
-            f"the checkpoint was not completed: {type(exc).__name__}: {exc}", RuntimeError)
+        call = Call(self.grid.cart, f"checkpoint({self.path!r})")
+        if getattr(exc, "mpisphere_agreed", False):
+            # every rank raised in one agreement inside the block (a rank's failure met the others' next
+            # step there): every rank leaves without a step of its own, so none waits for another here
+            return False
+        # a failure on this rank alone inside the block: the others are in their next step (a write's agreement,
+        # or this one); this agreement meets it, every rank raises and no rank switches
+        if exc is not None:
+            call.fail(f"the checkpoint was not completed: {type(exc).__name__}: {exc}", RuntimeError)
         try:
-            settle(self.grid.cart, who, failed)
+            call.agree()
         except Exception:
             if exc is not None:
                 return False  # this rank's own exception goes on
             raise
-        error = None
-        if self.grid.rank == 0:
-            try:
-                self._switch()
-            except Exception as err:  # noqa: BLE001
-                error = InputError(f"cannot switch {self.path!r} to {self.version}: {type(err).__name__}: {err}",
-                                   OSError)
-        settle(self.grid.cart, who, error)
+        call.root(self._switch, f"cannot switch {self.path!r} to {self.version}")
         return False
 
     def _switch(self):
@@ -160,17 +158,13 @@ def open_checkpoint(path, grid):
     damaged, or when the version it names is not marked complete.
     """
     path = os.fspath(path)
-    who = f"open_checkpoint({path!r})"
-    name, error = None, None
-    if grid.rank == 0:
-        try:
-            name = _current(path)
-        except (OSError, ValueError) as exc:
-            error = InputError(str(exc), type(exc) if isinstance(exc, OSError) else ValueError)
-    settle(grid.cart, who, error)
-    name = collectives.bcast_object(grid.cart, name)
-    store = FieldStore(os.path.join(path, name), grid, mode="r")
-    marker = store.attrs().get("mpisphere_checkpoint", {})
-    if not marker.get("complete"):
-        raise ValueError(f"{who}: {name} is not marked complete (ranks 0-{grid.size - 1} of {grid.size})")
+    with grid.holding("open_checkpoint"):
+        call = Call(grid.cart, f"open_checkpoint({path!r})")
+        call.agree(path=path)
+        name = call.root(lambda: _current(path))
+        store = FieldStore(os.path.join(path, name), grid, mode="r")
+        marker = store.attrs().get("mpisphere_checkpoint", {})
+        if not marker.get("complete"):
+            call.fail(f"{name} is not marked complete")
+        call.agree()  # the same verdict everywhere (every rank read the same attributes)
     return store

@@ -6,14 +6,13 @@ the tiles move in one all-to-all to the ranks that store each chunk
 of any number of ranks. (one job: the store's collective calls)
 """
 
-import functools
 import math
 import os
 
 import numpy
 
 from .. import __version__, backend, collectives
-from ..agreement import InputError, settle
+from ..agreement import Call, InputError, collective
 from ..dtypes import refusal
 from ..quadrature import latitudes, rule
 from ..validation import check_choice, check_int
@@ -24,23 +23,6 @@ __all__ = ["FieldStore"]
 
 _MODES = ("r", "r+", "w", "a")
 _PLANE = {"tiles": ("lat", "lon"), "coefficients": ("l", "m")}
-
-
-def _collective(method):
-    """Run a store's method holding its grid's guard (a second thread's call is refused on every rank)."""
-    @functools.wraps(method)
-    def call(self, *args, **kwargs):
-        with self.grid.holding(f"FieldStore.{method.__name__}"):
-            return method(self, *args, **kwargs)
-    return call
-
-
-def _finding(exc, what):
-    """An exception raised on this rank as an :class:`InputError` naming ``what`` was being done."""
-    if isinstance(exc, InputError):
-        return exc
-    kind = type(exc) if isinstance(exc, (OSError, TypeError, MemoryError)) else ValueError
-    return InputError(f"{what}: {type(exc).__name__}: {exc}", kind)
 
 
 class FieldStore:
@@ -83,81 +65,70 @@ class FieldStore:
     def __init__(self, path, grid, mode="r", *, durable=False):
         self.path = os.fspath(path)
         self.grid = grid
-        self.mode = check_choice(mode, _MODES, "mode", "FieldStore")
+        self.mode = mode
         self.durable = bool(durable)
         self._comm = grid.cart
         with grid.holding("FieldStore"):
             self._open(mode)
 
     def _open(self, mode):
-        who = f"FieldStore({self.path!r}, mode={mode!r})"
-        error = None
-        try:
+        call = Call(self._comm, f"FieldStore({self.path!r}, mode={mode!r})")
+        with call.local():
+            self.mode = check_choice(mode, _MODES, "mode", "FieldStore")
             zarr_files.import_zarr()
-        except ImportError as exc:
-            error = InputError(str(exc), ImportError)
-        self._settle(who, error, f"open {self.path} {mode}")
-        if self.grid.rank == 0:
-            try:
-                group = zarr_files.open_group(self.path, {"r": "r", "r+": "r", "w": "w", "a": "a"}[mode])
-                if mode in ("w", "a") and "mpisphere" not in group.attrs:
-                    group.attrs.update({"mpisphere": {"version": __version__, "format": 1},
-                                        "Conventions": "CF-1.10"})
-                    zarr_files.consolidate(self.path)
-            except Exception as exc:  # noqa: BLE001 -- every failure is this rank's finding, raised everywhere
-                error = _finding(exc, f"cannot open {self.path!r} with mode {mode!r}")
-        self._settle(who, error, f"open {self.path} {mode}")
+        # one store: the same path and mode on every rank (a store opened "w" on some ranks and "r" on others
+        # would be replaced under the readers' feet)
+        call.agree(path=self.path, mode=mode, durable=self.durable)
 
-    # --- errors ----------------------------------------------------------------------------
-
-    def _settle(self, who, error, description=""):
-        settle(self._comm, who, error, description)
-
-    def _on_root(self, who, what, fn):
-        """Run ``fn()`` on rank 0 and raise its failure on every rank."""
-        error = None
-        if self.grid.rank == 0:
-            try:
-                fn()
-            except Exception as exc:  # noqa: BLE001
-                error = _finding(exc, what)
-        self._settle(who, error)
+        def create():
+            group = zarr_files.open_group(self.path, {"r": "r", "r+": "r", "w": "w", "a": "a"}[mode])
+            if mode in ("w", "a") and "mpisphere" not in group.attrs:
+                group.attrs.update({"mpisphere": {"version": __version__, "format": 1}, "Conventions": "CF-1.10"})
+                zarr_files.consolidate(self.path)
+        call.root(create, f"cannot open {self.path!r} with mode {mode!r}")
 
     # --- what is in the store --------------------------------------------------------------------
 
-    @_collective
+    @collective
     def variables(self):
         """Names of the field variables (tiles and coefficients) in the store, sorted. Collective."""
         def names():
             group = zarr_files.open_group(self.path, "r")
             return sorted(name for name, a in group.arrays() if "mpisphere" in a.attrs)
-        return self._everywhere("FieldStore.variables", "cannot list the store", names)
+        return Call(self._comm, "FieldStore.variables").root(names, "cannot list the store")
 
-    @_collective
+    @collective
     def attrs(self, name=None):
         """The attributes of the store (``name=None``) or of variable ``name``, a dict. Collective."""
+        call = Call(self._comm, "FieldStore.attrs")
+        call.agree(name=name)
+
         def read():
             if name is None:
                 return dict(zarr_files.open_group(self.path, "r").attrs)
             return dict(zarr_files.open_array(self.path, name).attrs)
-        return self._everywhere("FieldStore.attrs", f"cannot read the attributes of {name or 'the store'}", read)
+        return call.root(read, f"cannot read the attributes of {name or 'the store'}")
 
-    @_collective
+    @collective
     def set_attrs(self, attrs):
-        """Add ``attrs`` (JSON) to the store's attributes. Collective; rank 0 writes."""
-        who = "FieldStore.set_attrs"
-        error = self._writable(who)
-        try:
+        """Add ``attrs`` (JSON) to the store's attributes. Collective; rank 0 writes.
+
+        Every rank must pass equal ``attrs`` (compared by value: the key
+        order does not matter); differing ones raise on every rank.
+        """
+        call = Call(self._comm, "FieldStore.set_attrs")
+        with call.local():
+            self._check_writable()
+            if not isinstance(attrs, dict):
+                raise TypeError(f"attrs must be a dict, got {type(attrs).__name__}")
             zarr_files.json_safe(attrs, "attrs")
-        except TypeError as exc:
-            error = error or InputError(str(exc), TypeError)
-        self._settle(who, error, f"set_attrs {sorted(attrs) if isinstance(attrs, dict) else attrs!r}")
+        call.agree(attrs=attrs if call.error is None else None)
 
         def write():
             zarr_files.open_group(self.path, "r+").attrs.update(attrs)
             zarr_files.consolidate(self.path)
             self._sync_metadata()
-        self._on_root(who, f"cannot write the attributes of {self.path!r}", write)
+        call.root(write, f"cannot write the attributes of {self.path!r}")
 
     def _sync_metadata(self):
         """Rank 0, ``durable``: sync the metadata files (the root's, with the consolidated copy, and each array's)."""
@@ -165,24 +136,13 @@ class FieldStore:
             zarr_files.sync_files([os.path.join(root, "zarr.json") for root, _, files in os.walk(self.path)
                                    if "zarr.json" in files])
 
-    def _everywhere(self, who, what, fn):
-        """``fn()`` on rank 0, its result on every rank, its failure raised on every rank."""
-        value, error = None, None
-        if self.grid.rank == 0:
-            try:
-                value = fn()
-            except Exception as exc:  # noqa: BLE001
-                error = _finding(exc, what)
-        self._settle(who, error)
-        return collectives.bcast_object(self._comm, value)
-
-    def _writable(self, who):
-        return None if self.mode != "r" else InputError(f"the store {self.path!r} is open read-only (mode='r')",
-                                                        PermissionError)
+    def _check_writable(self):
+        if self.mode == "r":
+            raise InputError(f"the store {self.path!r} is open read-only (mode='r')", PermissionError)
 
     # --- tiles ----------------------------------------------------------------------------------
 
-    @_collective
+    @collective
     def write_tiles(self, name, tile, nlat, nlon, quadrature="equiangular", *, dims=None, coords=None,
                     attrs=None, append=False):
         """Write this rank's tile of a distributed field as variable ``name``. Collective.
@@ -210,19 +170,16 @@ class FieldStore:
             replacing it (a time series written once a day); its other axes,
             grid and dtype must match.
         """
-        who = f"FieldStore.write_tiles({name!r})"
-        error = None
-        try:
-            nlat, nlon, found = self._plane_of_tiles(who, nlat, nlon, quadrature)
-        except (TypeError, ValueError) as exc:
-            nlat = nlon = found = None
-            error = InputError(str(exc), type(exc))
-        meta = {"mpisphere": "tiles", "nlat": nlat, "nlon": nlon, "quadrature": found}
-        expected = None if error else self.grid.local_shape(nlat, nlon)
-        parts = None if error else Parts.of_grid(self.grid.npolar, self.grid.nazimuth, nlat, nlon)
-        self._write(who, name, tile, expected, parts, meta, "tiles", dims, coords, attrs, append, error)
+        call = Call(self._comm, f"FieldStore.write_tiles({name!r})")
+        meta = parts = expected = None
+        with call.local():
+            nlat, nlon, found = self._plane_of_tiles(call.who, nlat, nlon, quadrature)
+            meta = {"mpisphere": "tiles", "nlat": nlat, "nlon": nlon, "quadrature": found}
+            expected = self.grid.local_shape(nlat, nlon)
+            parts = Parts.of_grid(self.grid.npolar, self.grid.nazimuth, nlat, nlon)
+        self._write(call, name, tile, expected, parts, meta, "tiles", dims, coords, attrs, append, layout=None)
 
-    @_collective
+    @collective
     def read_tiles(self, name, nlat, nlon, quadrature="equiangular"):
         """This rank's tile ``(*lead, h, w)`` of variable ``name``, on this store's grid (any shape). Collective.
 
@@ -230,16 +187,14 @@ class FieldStore:
         nlon`` grid of ``quadrature``'s latitudes. Returns a NumPy array of
         the stored dtype.
         """
-        who = f"FieldStore.read_tiles({name!r})"
-        error = None
-        try:
-            nlat, nlon, found = self._plane_of_tiles(who, nlat, nlon, quadrature)
-        except (TypeError, ValueError) as exc:
-            error = InputError(str(exc), type(exc))
-            nlat = nlon = found = None
-        self._settle(who, error, f"read_tiles {name!r} {nlat} {nlon} {found}")
-        parts = Parts.of_grid(self.grid.npolar, self.grid.nazimuth, nlat, nlon)
-        return self._read(who, name, parts, {"mpisphere": "tiles", "nlat": nlat, "nlon": nlon, "quadrature": found})
+        call = Call(self._comm, f"FieldStore.read_tiles({name!r})")
+        meta = parts = None
+        with call.local():
+            nlat, nlon, found = self._plane_of_tiles(call.who, nlat, nlon, quadrature)
+            meta = {"mpisphere": "tiles", "nlat": nlat, "nlon": nlon, "quadrature": found}
+            parts = Parts.of_grid(self.grid.npolar, self.grid.nazimuth, nlat, nlon)
+        call.agree(read=name, meta=meta)
+        return self._read(call, name, parts, meta)
 
     @staticmethod
     def _plane_of_tiles(who, nlat, nlon, quadrature):
@@ -249,7 +204,7 @@ class FieldStore:
 
     # --- coefficients -------------------------------------------------------------------------------
 
-    @_collective
+    @collective
     def write_coefficients(self, name, block, sht, *, dims=None, coords=None, attrs=None, append=False):
         """Write this rank's coefficient block as variable ``name`` (orders stored in global order). Collective.
 
@@ -266,32 +221,35 @@ class FieldStore:
         dims, coords, attrs, append
             As in :meth:`write_tiles`.
         """
-        who = f"FieldStore.write_coefficients({name!r})"
-        meta, parts, expected, error = None, None, None, None
-        try:
-            meta = self._coefficient_meta(sht)
+        call = Call(self._comm, f"FieldStore.write_coefficients({name!r})")
+        meta = parts = expected = layout = None
+        with call.local():
+            meta, parts, layout = self._of_transform(sht)
             expected = tuple(sht.block_shape)
-            parts = self._coefficient_parts(sht)
-        except (AttributeError, TypeError, ValueError) as exc:
-            error = InputError(f"sht must be a distributed transform of this store's grid: {exc}", TypeError)
-        self._write(who, name, block, expected, parts, meta, "coefficients", dims, coords, attrs, append, error)
+        self._write(call, name, block, expected, parts, meta, "coefficients", dims, coords, attrs, append, layout)
 
-    @_collective
+    @collective
     def read_coefficients(self, name, sht):
         """This rank's block ``(*lead, l_loc, m_loc)`` of variable ``name``, in ``sht``'s order layout. Collective.
 
         Refused on every rank when the stored truncation, norm,
         Condon-Shortley phase, quadrature or grid differ from ``sht``'s.
         """
-        who = f"FieldStore.read_coefficients({name!r})"
-        error, meta = None, None
+        call = Call(self._comm, f"FieldStore.read_coefficients({name!r})")
+        meta = parts = layout = None
+        with call.local():
+            meta, parts, layout = self._of_transform(sht)
+        # the order layout decides which columns each rank reads: ranks with different layouts must not read
+        call.agree(read=name, meta=meta, layout=layout)
+        return self._read(call, name, parts, meta)
+
+    def _of_transform(self, sht):
+        """``(meta, parts, order layout)`` of ``sht``'s coefficient blocks; a TypeError for anything else."""
         try:
-            meta = self._coefficient_meta(sht)
-            parts = self._coefficient_parts(sht)
+            # the order layout (as the blocks hold it) decides which columns each rank's block holds
+            return self._coefficient_meta(sht), self._coefficient_parts(sht), sht.spectral_layout.blocks
         except (AttributeError, TypeError, ValueError) as exc:
-            error = InputError(f"sht must be a distributed transform of this store's grid: {exc}", TypeError)
-        self._settle(who, error, f"read_coefficients {name!r} {meta}")
-        return self._read(who, name, parts, meta)
+            raise InputError(f"sht must be a distributed transform of this store's grid: {exc}", TypeError) from None
 
     def _coefficient_meta(self, sht):
         if sht.grid.cart.Get_size() != self.grid.size or (sht.grid.npolar, sht.grid.nazimuth) != \
@@ -342,54 +300,46 @@ class FieldStore:
         host = part.get() if backend.is_device_array(part) else numpy.asarray(part)
         return numpy.ascontiguousarray(host), dims, shaped
 
-    def _write(self, who, name, part, expected, parts, meta, kind, dims, coords, attrs, append, error):
+    def _write(self, call, name, part, expected, parts, meta, kind, dims, coords, attrs, append, layout):
+        """The steps of a write, after the caller's own checks (in ``call``): agree, create, move, write, finish."""
         host, lead, shaped = None, None, {}
-        if error is None:
-            error = self._writable(who)
-        if error is None:
-            try:
+        if call.error is None:
+            with call.local():
+                self._check_writable()
                 host, dims, shaped = self._check_part(part, expected, dims, coords, attrs, kind, name)
                 lead = tuple(host.shape[:-2])
                 if append and not lead:
                     raise InputError("append=True extends the first leading axis; the field has none")
-            except InputError as exc:
-                error = exc
-            except (TypeError, ValueError) as exc:  # attributes that are not JSON: this rank's finding too
-                error = InputError(str(exc), type(exc))
-        described = (f"write {name!r} {meta} lead={lead} dtype={None if host is None else host.dtype} dims={dims} "
-                     f"coords={ {d: v[0].tolist() for d, v in shaped.items()} } attrs={attrs} append={append}")
-        self._settle(who, error, described)
+        # what every rank must hold alike, by value (attrs in any key order); the layout of coefficient blocks
+        # decides which columns each rank's part holds
+        call.agree(write=name, meta=meta, layout=layout, lead=lead, dtype=None if host is None else host.dtype,
+                   dims=dims, coords={d: v[0] for d, v in shaped.items()}, attrs=attrs, append=append)
         dtype = host.dtype
         full_meta = {**meta, "grid_shape": [self.grid.npolar, self.grid.nazimuth], "complete": False}
-        offset = [0]
-
-        def prepare():
-            offset[0] = self._prepare(name, kind, meta, full_meta, lead, dtype, dims, shaped, attrs, append, parts)
-        self._on_root(who, f"cannot create {name!r} in {self.path!r}", prepare)
-        lead_offset = collectives.bcast_object(self._comm, offset[0])
-
-        error = None
-        try:
+        lead_offset = call.root(lambda: self._prepare(name, kind, meta, full_meta, lead, dtype, dims, shaped, attrs,
+                                                      append, parts), f"cannot create {name!r} in {self.path!r}")
+        exchange = None
+        with call.local(f"cannot write {name!r} to {self.path!r}"):  # every buffer allocated before the data moves
             array = zarr_files.open_array(self.path, name)
-            rows = int(array.chunks[-2])
-            plan = ChunkPlan(parts, lead, rows, lead_offset)
-            regions = self._to_owners(plan, host.reshape((math.prod(lead),) + host.shape[-2:]))
+            plan = ChunkPlan(parts, lead, int(array.chunks[-2]), lead_offset)
+            exchange = _Exchange(plan, self.grid.rank, dtype, to_owners=True)
+        call.agree()
+        regions = exchange.to_owners(self._comm, host.reshape((math.prod(lead),) + host.shape[-2:]))
+        with call.local(f"cannot write {name!r} to {self.path!r}"):
             mine = plan.regions(self.grid.rank)
             for region, data in zip(mine, regions):
                 array[plan.selection(region)] = data
             if self.durable:
                 zarr_files.sync_files([f for _, f in zarr_files.chunk_files(
                     self.path, name, array, [plan.selection(r) for r in mine])])
-        except Exception as exc:  # noqa: BLE001
-            error = _finding(exc, f"cannot write {name!r} to {self.path!r}")
-        self._settle(who, error)
+        call.agree()
 
         def finish():
-            array = zarr_files.open_array(self.path, name)
-            array.attrs["mpisphere"] = {**array.attrs["mpisphere"], "complete": True}
+            finished = zarr_files.open_array(self.path, name)
+            finished.attrs["mpisphere"] = {**finished.attrs["mpisphere"], "complete": True}
             zarr_files.consolidate(self.path)
             self._sync_metadata()
-        self._on_root(who, f"cannot finish {name!r} in {self.path!r}", finish)
+        call.root(finish, f"cannot finish {name!r} in {self.path!r}")
 
     def _prepare(self, name, kind, meta, full_meta, lead, dtype, dims, coords, attrs, append, parts):
         """Rank 0: the coordinates and the variable's metadata; returns the first leading index to write."""
@@ -461,10 +411,14 @@ class FieldStore:
             zarr_files.create_array(group, dim, v.shape, v.shape, v.dtype, (dim,), extra)
             group[dim][...] = v
 
-    def _read(self, who, name, parts, expect):
-        error, array, lead, rows = None, None, (), 1
-        try:
-            array = zarr_files.open_array(self.path, name)
+    def _read(self, call, name, parts, expect):
+        """The steps of a read, after the agreement on what to read: open and check, read chunks, move."""
+        array, lead, rows = None, (), 1
+        with call.local(f"cannot open {name!r} in {self.path!r}"):
+            try:
+                array = zarr_files.open_array(self.path, name)
+            except KeyError:
+                raise InputError(f"no variable {name!r} in {self.path!r}") from None
             stored = dict(array.attrs.get("mpisphere", {}))
             if not stored:
                 raise InputError(f"{name!r} was not written by mpisphere.io (no 'mpisphere' attribute)")
@@ -478,14 +432,11 @@ class FieldStore:
             rows = int(array.chunks[-2])
             if tuple(array.chunks) != (1,) * len(lead) + (rows, parts.n1):
                 raise InputError(f"{name!r} has chunks {array.chunks}, not mpisphere's bands of whole rows")
-        except KeyError:
-            error = InputError(f"no variable {name!r} in {self.path!r}")
-        except Exception as exc:  # noqa: BLE001
-            error = _finding(exc, f"cannot open {name!r} in {self.path!r}")
-        self._settle(who, error)
+        call.agree()
         plan = ChunkPlan(parts, lead, rows)
-        error, regions = None, []
-        try:
+        dtype = numpy.dtype(array.dtype)
+        regions = part = exchange = None
+        with call.local(f"cannot read {name!r} from {self.path!r}"):  # buffers allocated before the data moves
             mine = plan.regions(self.grid.rank)
             missing = zarr_files.missing_chunks(self.path, name, array, [plan.selection(r) for r in mine])
             if missing:
@@ -493,45 +444,49 @@ class FieldStore:
                                  f"store): {', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}")
             regions = [numpy.ascontiguousarray(array[plan.selection(r)]).reshape(plan.region_shape(r))
                        for r in mine]
-        except Exception as exc:  # noqa: BLE001
-            error = _finding(exc, f"cannot read {name!r} from {self.path!r}")
-        self._settle(who, error)
-        dtype = numpy.dtype(array.dtype)
-        part = numpy.empty((math.prod(lead),) + parts.shape(self.grid.rank), dtype)
-        self._from_owners(plan, regions, part, dtype)
+            part = numpy.empty((math.prod(lead),) + parts.shape(self.grid.rank), dtype)
+            exchange = _Exchange(plan, self.grid.rank, dtype, to_owners=False)
+        call.agree()
+        exchange.from_owners(self._comm, regions, part)
         return part.reshape(lead + part.shape[1:])
-
-    # --- the all-to-alls ---------------------------------------------------------------------------
-
-    def _to_owners(self, plan, part):
-        """The owners' regions, assembled from every rank's ``part`` (``(lead_size, rows, cols)``)."""
-        me = self.grid.rank
-        send_counts = plan.counts_to_owners(me)
-        recv_counts = plan.counts_from_parts(me)
-        send = numpy.empty(sum(send_counts), part.dtype)
-        recv = numpy.empty(sum(recv_counts), part.dtype)
-        plan.pack_parts(me, part, send)
-        collectives.alltoallv(self._comm, send, send_counts, _displacements(send_counts), recv, recv_counts,
-                              _displacements(recv_counts))
-        regions = [numpy.empty(plan.region_shape(r), part.dtype) for r in plan.regions(me)]
-        plan.copy_own(me, part, regions)
-        plan.unpack_regions(me, recv, regions)
-        return regions
-
-    def _from_owners(self, plan, regions, part, dtype):
-        me = self.grid.rank
-        send_counts = plan.counts_from_parts(me)
-        recv_counts = plan.counts_to_owners(me)
-        send = numpy.empty(sum(send_counts), dtype)
-        recv = numpy.empty(sum(recv_counts), dtype)
-        plan.pack_regions(me, regions, send)
-        plan.copy_own(me, part, regions, to_regions=False)
-        collectives.alltoallv(self._comm, send, send_counts, _displacements(send_counts), recv, recv_counts,
-                              _displacements(recv_counts))
-        plan.unpack_parts(me, recv, part)
 
     def __repr__(self):
         return f"FieldStore({self.path!r}, {self.grid!r}, mode={self.mode!r})"
+
+
+class _Exchange:
+    """The buffers of one all-to-all between the ranks' parts and the chunks' owners, allocated up front.
+
+    Made inside the call's local step, so that a rank that cannot allocate
+    them raises with the others before any rank enters the all-to-all.
+    """
+
+    def __init__(self, plan, rank, dtype, to_owners):
+        self.plan, self.rank = plan, rank
+        parts_side, owners_side = plan.counts_to_owners(rank), plan.counts_from_parts(rank)
+        self.send_counts, self.recv_counts = (parts_side, owners_side) if to_owners else (owners_side, parts_side)
+        self.send = numpy.empty(sum(self.send_counts), dtype)
+        self.recv = numpy.empty(sum(self.recv_counts), dtype)
+        self.regions = [numpy.empty(plan.region_shape(r), dtype) for r in plan.regions(rank)] if to_owners else None
+
+    def _alltoallv(self, comm):
+        collectives.alltoallv(comm, self.send, self.send_counts, _displacements(self.send_counts), self.recv,
+                              self.recv_counts, _displacements(self.recv_counts))
+
+    def to_owners(self, comm, part):
+        """The owners' regions, assembled from every rank's ``part`` (``(lead_size, rows, cols)``)."""
+        self.plan.pack_parts(self.rank, part, self.send)
+        self._alltoallv(comm)
+        self.plan.copy_own(self.rank, part, self.regions)
+        self.plan.unpack_regions(self.rank, self.recv, self.regions)
+        return self.regions
+
+    def from_owners(self, comm, regions, part):
+        """Every rank's ``part``, from the owners' ``regions``."""
+        self.plan.pack_regions(self.rank, regions, self.send)
+        self.plan.copy_own(self.rank, part, regions, to_regions=False)
+        self._alltoallv(comm)
+        self.plan.unpack_parts(self.rank, self.recv, part)
 
 
 def _displacements(counts):

@@ -4,7 +4,7 @@
 import numpy
 
 from .. import backend, collectives
-from ..agreement import InputError, agree
+from ..agreement import Call
 from .base import domain_dtype
 from .layout import REPLICATED
 
@@ -115,13 +115,12 @@ def dottest(op, x=None, y=None, rtol=1e-13, *, lead=(), dtype=None, seed=0):
     who = f"dottest({op.name})"
     dtype = domain_dtype(op, dtype)
     if space.Get_size() > 1:  # one verdict for every rank: the ranks check the same thing, to the same tolerance
-        error = None
+        call = Call(space, who)
         if not (isinstance(rtol, (int, float, numpy.integer, numpy.floating)) and not isinstance(rtol, bool)):
-            error = InputError(f"rtol must be a real number, got {rtol!r}", TypeError)
-        how = (f"rtol={rtol!r}, lead={tuple(lead)!r}, dtype={numpy.dtype(dtype).name}, seed={seed!r}, "
-               f"x {'given' if x is not None else 'drawn'}, y {'given' if y is not None else 'drawn'}")
+            call.fail(f"rtol must be a real number, got {rtol!r}", TypeError)
         # the operator itself agrees in its own calls (copies on sub-communicators may differ between groups)
-        agree(space, who, error, how, signature=who)
+        call.agree(f"{who}: rtol={rtol!r}, lead={tuple(lead)!r}, dtype={numpy.dtype(dtype).name}, seed={seed!r}, "
+                   f"x {'given' if x is not None else 'drawn'}, y {'given' if y is not None else 'drawn'}")
     rng = numpy.random.default_rng([seed, space.Get_rank(), space.Get_size()])
     if x is None:
         x = _random_point(rng, op.domain_shape(lead), dtype, op.domain, seed)

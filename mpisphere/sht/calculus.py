@@ -31,7 +31,7 @@ instead of scaling one rank's block differently.
 import numpy
 
 from .. import dtypes
-from ..agreement import agree_construction
+from ..agreement import Call, agree_construction
 from ..operators import FORWARD, Diagonal, InputError, LinearOperator
 
 __all__ = [
@@ -96,18 +96,61 @@ def _by_degree(transform, fn):
     return fn(l)
 
 
+def _checked_factors(transform, who, fn, **parameters):
+    """``fn(l)`` for the degrees of ``transform``, its parameters checked on every rank first. Collective.
+
+    ``parameters``: ``name=(value, minimum, strict)``; each must be a
+    finite real number above (``strict``) or at ``minimum``. A bad one on
+    any rank, or factors that overflow or are not finite, raise on every
+    rank naming it (a check on one rank alone would leave the others
+    waiting in the operator's construction).
+    """
+    call = Call(transform.grid.cart, who)
+    factors = None
+    with call.local():
+        for name, (value, minimum, strict) in parameters.items():
+            number = float(value) if isinstance(value, (int, float, numpy.integer, numpy.floating)) and \
+                not isinstance(value, bool) else None
+            if number is None or not numpy.isfinite(number) or number < minimum or (strict and number == minimum):
+                raise ValueError(f"{name} must be a finite number {'>' if strict else '>='} {minimum:g}, got "
+                                 f"{value!r}")
+        with numpy.errstate(over="raise", invalid="raise", divide="raise"):
+            try:
+                factors = _by_degree(transform, fn)
+            except (FloatingPointError, OverflowError, ZeroDivisionError) as exc:
+                shown = ", ".join(f"{name}={value!r}" for name, (value, _, _) in parameters.items())
+                raise ValueError(f"{shown}: the factors are not finite ({exc})") from None
+    call.agree()
+    return factors
+
+
+def _square(radius):
+    """``radius ** 2``, refused (FloatingPointError) where it overflows or underflows to zero."""
+    square = numpy.square(numpy.float64(radius))
+    if not 0.0 < square < numpy.inf:
+        raise FloatingPointError(f"radius ** 2 is {square}")
+    return square
+
+
 def laplacian(transform, radius=1.0):
-    """``c(l, m) -> -l (l + 1) / radius^2 c(l, m)`` on the blocks of ``transform``'s coefficients."""
-    return _block_diagonal(transform, _by_degree(transform, lambda l: -l * (l + 1) / radius ** 2))
+    """``c(l, m) -> -l (l + 1) / radius^2 c(l, m)`` on the blocks of ``transform``'s coefficients.
+
+    ``radius`` must be a positive finite number whose square is finite;
+    anything else raises a ValueError on every rank.
+    """
+    return _block_diagonal(transform, _checked_factors(
+        transform, "laplacian", lambda l: -l * (l + 1) / _square(radius),
+        radius=(radius, 0.0, True)))
 
 
 def inverse_laplacian(transform, radius=1.0):
     """``c(l, m) -> -radius^2 / (l (l + 1)) c(l, m)``, and 0 at ``l = 0`` (see the module notes)."""
     def factors(l):
         out = numpy.zeros_like(l)
-        out[1:] = -radius ** 2 / (l[1:] * (l[1:] + 1))
+        out[1:] = -_square(radius) / (l[1:] * (l[1:] + 1))
         return out
-    return _block_diagonal(transform, _by_degree(transform, factors))
+    return _block_diagonal(transform, _checked_factors(transform, "inverse_laplacian", factors,
+                                                       radius=(radius, 0.0, True)))
 
 
 def spectral_filter(transform, factors_by_degree):
@@ -118,11 +161,15 @@ def spectral_filter(transform, factors_by_degree):
 def hyperdiffusion(transform, dt, efolding=3600.0, order=4):
     """torch-harmonics' implicit hyperdiffusion: ``exp(-dt / (2 efolding) (l (l + 1) / (L (L + 1)))^order)``.
 
-    ``L = lmax - 1``, the highest degree: it is damped by ``exp(-dt / (2 efolding))`` per step.
+    ``L = lmax - 1``, the highest degree: it is damped by ``exp(-dt / (2 efolding))`` per step. ``dt`` must
+    be finite and non-negative, ``efolding`` positive and ``order`` non-negative (a ValueError on every
+    rank otherwise).
     """
-    top = (transform.lmax - 1) * transform.lmax
-    return _block_diagonal(transform, _by_degree(
-        transform, lambda l: numpy.exp(-dt / 2.0 / efolding * (l * (l + 1) / top) ** order)))
+    top = max((transform.lmax - 1) * transform.lmax, 1)
+    return _block_diagonal(transform, _checked_factors(
+        transform, "hyperdiffusion", lambda l: numpy.exp(-float(dt) / 2.0 / float(efolding) *
+                                                         (l * (l + 1) / top) ** float(order)),
+        dt=(dt, 0.0, False), efolding=(efolding, 0.0, True), order=(order, 0.0, False)))
 
 
 def truncation(transform, lmax):

@@ -58,7 +58,7 @@ import numpy
 
 from .. import backend, dtypes
 from ..legendre import NORMS
-from ..agreement import agree, description_of
+from ..agreement import Call, collective, description_of
 from ..operators import DISTRIBUTED, FORWARD, InputError, Layout, LinearOperator, Spec
 from ..partition import split_offsets, split_sizes
 from ..validation import check_choice, check_dtype, check_int
@@ -178,6 +178,8 @@ class Transform(LinearOperator):
         effective = "contiguous" if all(numpy.array_equal(a, c) for a, c in zip(
             self._assignment, order_assignment(self.mmax, self.lmax, grid.nazimuth))) else orders
         spectral_side = Layout(DISTRIBUTED, grid.cart, blocks=f"orders={effective}")
+        if effective == "balanced":  # grid.gather of these blocks warns: gather_coefficients is the right call
+            grid.balanced_blocks.add((tuple(self.block_shape), self.cdtype.str))
         self.domain, self.range = (spectral_side, grid_side) if self._synthesis else (grid_side, spectral_side)
         self.spectral_layout = spectral_side
         self._comm = grid.cart
@@ -252,6 +254,7 @@ class Transform(LinearOperator):
         """
         return self._assignment[self.grid.azimuth_rank].copy()
 
+    @collective
     def gather_coefficients(self, block, root=0):
         """Assemble every rank's coefficient block into the whole ``(..., lmax, mmax)`` array on ``root``.
 
@@ -260,21 +263,21 @@ class Transform(LinearOperator):
         ``(..., 2, l_loc, m_loc)``). Returns ``None`` on the other ranks.
         Collective over ``grid.cart``.
         """
-        who = f"{self.name}.gather_coefficients"
-        error = None
+        call = Call(self.grid.cart, f"{self.name}.gather_coefficients")
         if not backend.is_array(block) or tuple(block.shape[-2:]) != tuple(self.block_shape) \
                 or numpy.dtype(block.dtype) != self.cdtype:
-            error = InputError(f"expected this rank's coefficient block (..., {self.block_shape[0]}, "
-                               f"{self.block_shape[1]}) {self.cdtype.name}, got {type(block).__name__} "
-                               f"{getattr(block, 'shape', '')} {getattr(block, 'dtype', '')}".rstrip())
-        agree(self.grid.cart, who, error, f"{self._describe()} root={root!r}", signature=who)
-        gathered = self.grid.gather(block, root)
+            call.fail(f"expected this rank's coefficient block (..., {self.block_shape[0]}, {self.block_shape[1]}) "
+                      f"{self.cdtype.name}, got {type(block).__name__} {getattr(block, 'shape', '')} "
+                      f"{getattr(block, 'dtype', '')}".rstrip())
+        call.agree(f"{self._describe()} root={root!r}")
+        gathered = self.grid._gather(block, root, warn_balanced=False)  # the columns are put in order below
         if gathered is None or self.orders == "contiguous":
             return gathered
         whole = backend.array_module(gathered).empty_like(gathered)
         whole[..., order_permutation(self._assignment)] = gathered
         return whole
 
+    @collective
     def scatter_coefficients(self, whole, root=0):
         """This rank's block of the whole ``(..., lmax, mmax)`` coefficient array held on ``root``.
 
