@@ -242,23 +242,31 @@ class BoundedCache:
     keeps only the last ``size`` of them.
     """
 
-    __slots__ = ("size", "_items")
+    __slots__ = ("size", "_items", "_drop")
 
-    def __init__(self, size):
+    def __init__(self, size, drop=None):
         self.size = int(size)
         self._items = {}
+        self._drop = drop  # called with each entry that leaves the cache (e.g. to free its MPI requests)
 
     def get(self, key, build):
         """The entry for ``key``, built by ``build()`` (and the oldest entry dropped) when it is missing."""
         found = self._items.get(key)
         if found is None:
             while len(self._items) >= self.size:
-                self._items.pop(next(iter(self._items)))
+                self._release(self._items.pop(next(iter(self._items))))
             found = self._items[key] = build()
         return found
 
+    def _release(self, entry):
+        if self._drop is not None:
+            self._drop(entry)
+
     def clear(self):
+        entries = list(self._items.values())
         self._items.clear()
+        for entry in entries:
+            self._release(entry)
 
     def values(self):
         """The entries, oldest first."""

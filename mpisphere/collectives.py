@@ -320,6 +320,79 @@ def isend_bytes(comm, buf, dest, tag):
     return comm.Isend([buf, int(buf.size) * numpy.dtype(buf.dtype).itemsize, MPI.BYTE], dest=dest, tag=tag)
 
 
+def send_init_bytes(comm, buf, dest, tag):
+    """``MPI_Send_init``: a persistent send of a flat contiguous host array as bytes (start it with ``Start``)."""
+    return comm.Send_init([buf, int(buf.size) * numpy.dtype(buf.dtype).itemsize, MPI.BYTE], dest=dest, tag=tag)
+
+
+def free_requests(requests):
+    """``MPI_Request_free`` of inactive persistent requests (nothing once MPI is finalized)."""
+    if MPI.Is_finalized():
+        return
+    for request in requests:
+        request.Free()
+
+
+def start(request):
+    """``MPI_Start`` of an inactive persistent request."""
+    request.Start()
+
+
+# --- memory shared on a node (MPI-3 windows) ------------------------------------
+
+
+def split_shared(comm):
+    """``MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)``: the ranks of ``comm`` that share this node's memory."""
+    return comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+
+
+def ranks_in(group_of, comm):
+    """The ranks in ``comm`` of the ranks ``0 .. n-1`` of the communicator ``group_of``."""
+    ranks = MPI.Group.Translate_ranks(group_of.Get_group(), list(range(group_of.Get_size())), comm.Get_group())
+    return [int(r) for r in ranks]
+
+
+def allocate_shared(nbytes, node):
+    """``MPI_Win_allocate_shared`` of ``nbytes`` on each rank of ``node``, each segment on its own pages.
+
+    The window is returned inside a shared lock epoch of every rank
+    (``MPI_Win_lock_all``), so that :func:`window_sync` may be called on it.
+    """
+    info = MPI.Info.Create()
+    info.Set("alloc_shared_noncontig", "true")  # each rank's segment on its own pages (first touch: its NUMA node)
+    try:
+        window = MPI.Win.Allocate_shared(max(int(nbytes), 1), 1, info, node)
+    finally:
+        info.Free()
+    window.Lock_all(MPI.MODE_NOCHECK)
+    return window
+
+
+def shared_segment(window, node_rank):
+    """``MPI_Win_shared_query``: the segment of rank ``node_rank`` of ``window`` as a NumPy uint8 array."""
+    buf, _ = window.Shared_query(node_rank)
+    return numpy.frombuffer(buf, numpy.uint8)
+
+
+def window_sync(window):
+    """``MPI_Win_sync``: a memory barrier for the window's memory (writes before, reads after)."""
+    window.Sync()
+
+
+def free_window(window):
+    """End the lock epoch of :func:`allocate_shared` and free the window (collective)."""
+    if MPI.Is_finalized():
+        return
+    window.Unlock_all()
+    window.Free()
+
+
+def free_comm(comm):
+    """``MPI_Comm_free`` (collective; nothing once MPI is finalized)."""
+    if not MPI.Is_finalized():
+        comm.Free()
+
+
 def status():
     """An ``MPI_Status`` to reuse across probes."""
     return MPI.Status()

@@ -207,6 +207,8 @@ class ProcessGrid:
         # (block shape, complex dtype) of the transforms built on this grid with orders="balanced": their blocks
         # hold other columns than the contiguous ones grid.gather assumes (the call warns; see gather)
         self.balanced_blocks = set()
+        # the tiles in memory shared on the node (HaloExchange.zeros), made by the first such allocation
+        self.node_memory = None
 
     @classmethod
     def from_fortran(cls, handle, npolar=None, nazimuth=None, *, order="azimuth-fastest"):
@@ -563,6 +565,8 @@ class ProcessGrid:
             return
         self._freed = True
         self.scratch.clear()
+        if self.node_memory is not None:
+            self.node_memory.free()
         if not MPI.Is_finalized():
             for comm in (self.azimuth, self.polar, self.cart, *self._owned):
                 comm.Free()

@@ -26,6 +26,9 @@ Environment variables are read once, when mpisphere is imported:
 ``MPISPHERE_STALL_DEADLINE=SECONDS``
     after this long, print the report and abort the job (default: never;
     the test plugin sets it for the ranks it launches).
+``MPISPHERE_SHARED_MEMORY=0``
+    halo exchanges send every block as a message, even from arrays in
+    memory shared on the node (as between nodes).
 """
 
 import os
@@ -34,7 +37,8 @@ __all__ = ["Config", "config"]
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
-_SWITCHES = ("debug", "agreement", "cuda_aware", "force_staging", "device_kernels", "stall_report", "stall_deadline")
+_SWITCHES = ("debug", "agreement", "cuda_aware", "force_staging", "device_kernels", "stall_report", "stall_deadline",
+             "shared_memory")
 
 
 def _parse_flag(name, value, allow_none):
@@ -117,6 +121,12 @@ class Config:
         recovered from; ``MPISPHERE_STALL_DEADLINE``, default None: never).
         Off by default so that a long production run is never killed; the
         test plugin sets it for the ranks it launches.
+    shared_memory : bool
+        A halo exchange leaves the blocks of an array from
+        ``HaloExchange.zeros`` in shared memory for the neighbours of the same
+        node to read (default True, ``MPISPHERE_SHARED_MEMORY``). False sends
+        them as messages, as between nodes. It may differ between ranks: each
+        rank decides for the blocks it sends, and the receivers read either.
     """
 
     __slots__ = tuple("_" + name for name in _SWITCHES)
@@ -131,6 +141,8 @@ class Config:
         self._stall_report = _parse_seconds("MPISPHERE_STALL_REPORT", environ.get("MPISPHERE_STALL_REPORT", ""), 60.0)
         self._stall_deadline = _parse_seconds("MPISPHERE_STALL_DEADLINE", environ.get("MPISPHERE_STALL_DEADLINE", ""),
                                               None)
+        self._shared_memory = _parse_flag("MPISPHERE_SHARED_MEMORY", environ.get("MPISPHERE_SHARED_MEMORY", "1"),
+                                          False)
 
     @property
     def debug(self):
@@ -187,6 +199,14 @@ class Config:
     @stall_deadline.setter
     def stall_deadline(self, value):
         self._stall_deadline = _check_seconds("stall_deadline", value)
+
+    @property
+    def shared_memory(self):
+        return self._shared_memory
+
+    @shared_memory.setter
+    def shared_memory(self, value):
+        self._shared_memory = _check_flag("shared_memory", value, False)
 
     def override(self, **switches):
         """Context manager that sets switches and restores them on exit.

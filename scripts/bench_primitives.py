@@ -22,7 +22,8 @@ import numpy
 from mpi4py import MPI
 
 import mpisphere
-from benchtools import measure, write_results
+from bench_halo import message_copies, raw_halo
+from benchtools import grid_shapes, measure, write_results
 from mpisphere import (CopyTo, GatherFrom, GatherFromCopyTo, HaloExchange, ProcessGrid, ReduceFrom, ReduceScatter,
                        ScatterTo, Transpose, collectives, split_sizes)
 from mpisphere.partition import offsets_of
@@ -86,57 +87,6 @@ def raw_allreduce(comm, count, dtype):
     recv = numpy.empty(count, dtype)
     t = collectives.mpi_type(dtype)
     return lambda: comm.Allreduce([send, t], [recv, t], MPI.SUM)
-
-
-def raw_halo(grid, batch, h, w, rows, cols, dtype):
-    """The four Sendrecv calls of a halo exchange on pre-packed contiguous buffers."""
-    t = collectives.mpi_type(dtype)
-    row_bytes = numpy.ones(batch * rows * (w + 2 * cols), dtype)
-    col_bytes = numpy.ones(batch * h * cols, dtype)
-    row_in, col_in = numpy.empty_like(row_bytes), numpy.empty_like(col_bytes)
-    north, south = grid.polar_neighbors
-    west, east = grid.azimuth_neighbors
-
-    def run():
-        if cols and grid.nazimuth > 1:
-            grid.azimuth.Sendrecv([col_bytes, t], east, 1, [col_in, t], west, 1)
-            grid.azimuth.Sendrecv([col_bytes, t], west, 2, [col_in, t], east, 2)
-        if rows:
-            grid.polar.Sendrecv([row_bytes, t], north, 3, [row_in, t], south, 3)
-            grid.polar.Sendrecv([row_bytes, t], south, 4, [row_in, t], north, 4)
-    return run
-
-
-def halo_copies(halo, padded):
-    """The copies one ``update`` makes without MPI: pack and unpack each block, wrap a one-rank ring, zero the poles.
-
-    The floor a packing exchange cannot go below, measured in the same run as the raw Sendrecv (which sends
-    pre-packed buffers and does none of them). Host arrays only.
-    """
-    from mpisphere.halo.plan import copy_runs, move_runs
-    plan = halo._plan(padded)
-    sends, receives = halo._neighbours
-    moves = [m for m in plan.columns + plan.rows]
-    grid, r, c = halo.grid, halo.rows, halo.cols
-    h, w = padded.shape[-2] - 2 * r, padded.shape[-1] - 2 * c
-
-    def run():
-        if c and grid.nazimuth == 1:  # a one-rank ring wraps onto itself
-            inner = slice(r, r + h)
-            move_runs(padded, (inner, slice(w, w + c)), (inner, slice(0, c)))
-            move_runs(padded, (inner, slice(c, 2 * c)), (inner, slice(c + w, w + 2 * c)))
-        for tag, interior, region in moves:
-            message, buf = plan.outgoing[tag]
-            if buf is not None and tag in sends:
-                copy_runs(buf, padded, interior)
-            message, buf = plan.incoming[tag]
-            if buf is not None and tag in receives:
-                copy_runs(padded, buf, region, into_region=True)
-        if r and grid.polar_rank == 0:  # past the poles: zeros
-            padded[..., :r, :] = 0
-        if r and grid.polar_rank == grid.npolar - 1:
-            padded[..., r + h:, :] = 0
-    return run
 
 
 def bench_grid(grid, args, xp):
@@ -223,7 +173,7 @@ def bench_grid(grid, args, xp):
     b.add(f"HaloExchange({rows},{cols})", "accumulate", lambda: halo.accumulate(padded), "4 x Sendrecv", halo_raw,
           halo_bytes)
     if xp is numpy:
-        b.add(f"HaloExchange({rows},{cols}) copies only", "update", halo_copies(halo, padded), "4 x Sendrecv",
+        b.add(f"HaloExchange({rows},{cols}) copies only", "update", message_copies(halo, padded), "4 x Sendrecv",
               halo_raw, halo_bytes)
     b.add(f"HaloExchange({rows},{cols})", "forward", lambda: halo.forward(tile), "4 x Sendrecv", halo_raw,
           halo_bytes)
@@ -315,10 +265,7 @@ def main(argv=None):
         mpisphere.select_device(world)
         import cupy as xp  # noqa: N813
     size = world.Get_size()
-    if args.grids:
-        shapes = [tuple(int(v) for v in g.split("x")) for g in args.grids.split(",")]
-    else:
-        shapes = {4: [(2, 2)], 2: [(1, 2), (2, 1)]}.get(size, [tuple(MPI.Compute_dims(size, 2))])
+    shapes = grid_shapes(args.grids, size)
     if world.Get_rank() == 0:
         print(f"mpisphere {mpisphere.__version__}, {size} ranks, field ({args.batch}, {args.nlat}, {args.nlon}) "
               f"{args.dtype}, {args.device}, {args.repeats} repeats; MPI: "

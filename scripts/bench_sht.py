@@ -29,7 +29,7 @@ import numpy
 from mpi4py import MPI
 
 import mpisphere
-from benchtools import measure, measure_rounds, write_results
+from benchtools import grid_shapes, measure, measure_rounds, write_results
 from mpisphere.sht import costs
 from mpisphere import (DistributedInverseRealSHT, DistributedInverseRealVectorSHT, DistributedRealSHT,
                        DistributedRealVectorSHT, ProcessGrid)
@@ -455,10 +455,7 @@ def main(argv=None):
         import cupy as xp  # noqa: N813
         sync = lambda: xp.cuda.get_current_stream().synchronize()  # noqa: E731
     size = world.Get_size()
-    if args.grids:
-        shapes = [tuple(int(v) for v in g.split("x")) for g in args.grids.split(",")]
-    else:
-        shapes = {1: [(1, 1)], 2: [(1, 2), (2, 1)], 4: [(2, 2)]}.get(size, [tuple(MPI.Compute_dims(size, 2))])
+    shapes = grid_shapes(args.grids, size, {1: [(1, 1)]})
     if world.Get_rank() == 0:
         print(f"mpisphere {mpisphere.__version__}, numpy {numpy.__version__}, {size} rank(s), {args.batch} x "
               f"{args.nlat} x {args.nlon} {args.quadrature} {args.dtype}, {args.device}, {args.repeats} repeats, "

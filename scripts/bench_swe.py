@@ -33,7 +33,7 @@ import numpy
 from mpi4py import MPI
 
 import mpisphere
-from benchtools import measure, write_results
+from benchtools import grid_shapes, measure, write_results
 from mpisphere import ProcessGrid, Transpose
 from mpisphere.examples import ShallowWaterSolver
 from mpisphere.operators import AdjointOperator
@@ -172,10 +172,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     world = MPI.COMM_WORLD
     size = world.Get_size()
-    if args.grids:
-        shapes = [tuple(int(v) for v in g.split("x")) for g in args.grids.split(",")]
-    else:
-        shapes = {1: [(1, 1)], 2: [(1, 2), (2, 1)], 4: [(2, 2)]}.get(size, [tuple(MPI.Compute_dims(size, 2))])
+    shapes = grid_shapes(args.grids, size, {1: [(1, 1)]})
     if world.Get_rank() == 0:
         print(f"mpisphere {mpisphere.__version__}, numpy {numpy.__version__}, {size} rank(s), shallow-water step, "
               f"{args.repeats} repeats")

@@ -62,3 +62,14 @@ def write_results(path, meta, rows):
     meta = dict(meta, numpy=numpy.__version__, mpisphere=mpisphere.__version__)
     with open(path, "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
+
+
+def grid_shapes(grids, size, defaults=None):
+    """The ``(npolar, nazimuth)`` grids of a run: ``grids`` ("1x2,2x1") or the defaults for ``size`` ranks.
+
+    Defaults: 2 x 2 on 4 ranks, 1 x 2 and 2 x 1 on 2, MPI's balanced split otherwise (``defaults`` adds to them).
+    """
+    if grids:
+        return [tuple(int(v) for v in g.split("x")) for g in grids.split(",")]
+    known = {4: [(2, 2)], 2: [(1, 2), (2, 1)], **(defaults or {})}
+    return known.get(size, [tuple(MPI.Compute_dims(size, 2))])

@@ -78,3 +78,17 @@ def sub_grids(comm):
                     yield grid
         if sub != MPI.COMM_NULL:
             sub.Free()
+
+
+def message_sizes(monkeypatch):
+    """A list that fills with the size in bytes of every message a neighbour round (a halo's) sends from now on."""
+    from mpisphere.agreement import NeighbourRound
+    sizes = []
+    post = NeighbourRound._post
+
+    def spy(self, out, dest, tag, request=None):
+        sizes.append(int(out.size))
+        return post(self, out, dest, tag, request)
+
+    monkeypatch.setattr(NeighbourRound, "_post", spy)
+    return sizes

@@ -550,6 +550,35 @@ def hyperdiffusion_negative_dt_on_the_last_rank(comm, grid, me):
     calculus.hyperdiffusion(DistributedRealSHT(grid, NLAT, NLON), -600.0 if me == _last(comm) else 600.0)
 
 
+# --- issue 40: tiles in memory shared on the node ---------------------------------------------------------
+
+def shared_lead_on_the_last_rank(comm, grid, me):
+    """The allocation is collective: another number of fields on the last rank."""
+    HaloExchange(grid, 1, 1, extents=(NLAT, NLON)).zeros(3 if me == _last(comm) else 2)
+
+
+def shared_without_extents_on_the_last_rank(comm, grid, me):
+    """A halo without extents does not know the tile: the last rank allocates from one."""
+    with_extents, without = HaloExchange(grid, 1, 1, extents=(NLAT, NLON)), HaloExchange(grid, 1, 1)
+    (without if me == _last(comm) else with_extents).zeros(2)
+
+
+def shared_update_against_accumulate(comm, grid, me):
+    """Shared tiles everywhere; the last rank accumulates while the others update (their blocks left to read)."""
+    op = HaloExchange(grid, 1, 1, extents=(NLAT, NLON))
+    padded = op.zeros(2)
+    (op.accumulate if me == _last(comm) else op.update)(padded)
+
+
+def shared_plain_batch_on_the_last_rank(comm, grid, me):
+    """Shared tiles everywhere but on the last rank, which passes a plain array of another batch."""
+    op = HaloExchange(grid, 1, 1, extents=(NLAT, NLON))
+    padded = op.zeros(2)
+    if me == _last(comm):
+        padded = numpy.zeros((3,) + padded.shape[1:])
+    op.update(padded)
+
+
 CASES = [chunk_width, batch_gather_from, batch_reduce_from, batch_transpose, batch_halo, batch_sht,
          dtype_gather_from, dtype_copy_to_adjoint, out_shape, out_dtype, out_read_only, other_operator,
          other_extent, sht_lmax, halo_wider_than_neighbour, halo_tile_widths, grid_dims, grid_invalid_dims,
@@ -569,7 +598,10 @@ CASES = [chunk_width, batch_gather_from, batch_reduce_from, batch_transpose, bat
          write_attrs_in_another_key_order_on_the_last_rank, leapfrog_history_ahead_on_the_last_rank,
          history_malformed_on_the_last_rank, state_not_finite_on_the_last_rank, save_not_finite_on_the_last_rank,
          laplacian_radius_zero_on_the_last_rank, laplacian_radius_huge_on_the_last_rank,
-         hyperdiffusion_negative_dt_on_the_last_rank]
+         hyperdiffusion_negative_dt_on_the_last_rank,
+         # issue 40
+         shared_lead_on_the_last_rank, shared_without_extents_on_the_last_rank, shared_update_against_accumulate,
+         shared_plain_batch_on_the_last_rank]
 
 
 def main():

@@ -106,6 +106,8 @@ MPI_METHODS = {
     "Improbe", "iprobe", "Wait", "Waitall", "Waitany", "Waitsome", "Test", "Testall", "Testany", "Cancel",
     "Split", "Split_type", "Dup", "Create_cart", "Create_graph", "Sub", "Free", "Abort",
     "Neighbor_allgather", "Neighbor_allgatherv", "Neighbor_alltoall", "Neighbor_alltoallv",
+    "Send_init", "Recv_init", "Psend_init", "Precv_init", "Start", "Startall", "Allocate_shared", "Shared_query",
+    "Lock_all", "Unlock_all", "Sync",
 }
 # the modules that may call them: the wrappers, host staging, the CUDA-aware decision, the grid's own
 # communicators, and the test harness (it must keep working, on a private communicator, when the library fails)
@@ -285,9 +287,11 @@ def unmarked_collective_methods(path):
     return found
 
 
-# classes whose public methods communicate as part of a call agreed elsewhere: the protocol's own machinery, and a
-# transpose in flight (agreed when it was started; wait() and test() complete it)
-AGREED_ELSEWHERE = {"agreement.call", "agreement.neighbours", "agreement.stall", "transpose.Exchange"}
+# classes whose public methods communicate as part of a call agreed elsewhere: the protocol's own machinery, a
+# transpose in flight (agreed when it was started; wait() and test() complete it), and the halo's message plan and
+# node memory (parts of an exchange's call, or of its allocation through HaloExchange.zeros)
+AGREED_ELSEWHERE = {"agreement.call", "agreement.neighbours", "agreement.stall", "transpose.Exchange",
+                    "halo.plan.MessagePlan", "halo.shared.NodeMemory"}
 
 
 def test_every_collective_call_runs_the_one_protocol():

@@ -8,7 +8,7 @@ from mpisphere import config, dottest
 from mpisphere.halo import HaloExchange, HaloReduce
 from mpisphere.quadrature import latitudes
 
-from helpers import random_array, rank_rng
+from helpers import message_sizes, random_array, rank_rng
 
 pytestmark = pytest.mark.mpi
 
@@ -148,16 +148,8 @@ def test_corners_on_a_3x2_grid(comm):
 
 def test_a_zero_width_moves_headers_only(grid, rng, monkeypatch):
     """Every call sends one message to each direct neighbour in each phase; data only where a width is not 0."""
-    from mpisphere import collectives
     from mpisphere.agreement import HEADER_BYTES
-    sizes = []
-    send = collectives.isend_bytes
-
-    def spy(comm, buf, dest, tag):
-        sizes.append(int(buf.size))
-        return send(comm, buf, dest, tag)
-
-    monkeypatch.setattr(collectives, "isend_bytes", spy)
+    sizes = message_sizes(monkeypatch)
     ring = 2 if grid.nazimuth > 1 else 0   # a one-rank ring wraps locally
     polar = (grid.polar_rank > 0) + (grid.polar_rank < grid.npolar - 1)
     h, w = grid.local_shape(NLAT, NLON)

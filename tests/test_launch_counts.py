@@ -42,8 +42,12 @@ DEVICE = [s.name for s in STRATEGIES if s.runs_on_device]
 WAITING = str(Path(PACKAGE) / "agreement" / "stall.py")  # the agreement's polling while other ranks arrive
 
 
-def operations(call, roots=(PACKAGE,)):
-    """``(lines, compiled calls)`` that the code under ``roots`` (mpisphere's own) executes during ``call()``."""
+def operations(call, roots=(PACKAGE,), waits=()):
+    """``(lines, compiled calls)`` that the code under ``roots`` (mpisphere's own) executes during ``call()``.
+
+    Left out: the agreement's polling, and the functions named in ``waits``
+    (``(file, function)``: other waits for other ranks).
+    """
     counts = {"lines": 0, "calls": 0}
 
     def lines(frame, event, arg):
@@ -56,7 +60,7 @@ def operations(call, roots=(PACKAGE,)):
         if not frame.f_code.co_filename.startswith(roots):
             return False
         while frame is not None:
-            if frame.f_code.co_filename == WAITING:
+            if frame.f_code.co_filename == WAITING or (frame.f_code.co_filename, frame.f_code.co_name) in waits:
                 return False
             frame = frame.f_back
         return True
@@ -157,3 +161,30 @@ def test_a_per_latitude_loop_is_caught(grid, monkeypatch):
         fine = counted(grid, DistributedRealSHT, "transpose", 129, 2 * grid.size, FORWARD, roots)
     for rank, (s, f) in enumerate(everywhere(grid, (small, fine))):
         assert s != f and numpy.all(numpy.array(f) >= numpy.array(s)), (rank, s, f)
+
+
+HALO = str(Path(PACKAGE) / "halo")
+HALO_WAITS = {(str(Path(HALO) / "shared.py"), "await_acknowledgements")}  # waits for the neighbours' reads
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["messages", "shared"])
+def test_a_halo_call_issues_the_same_operations_at_every_size(grid, shared):
+    """One copy (or sum) per block whatever the tile and the batch: no loop over rows or fields on either path.
+
+    On a device each copy is one kernel (a CuPy slice assignment); counted here on the host path, whose copies
+    go by runs (one NumPy call per block too). Only the halo's own code is counted (the neighbours' round polls
+    for as long as the messages take).
+    """
+    few_ranks(grid)
+    from mpisphere import HaloExchange
+    found = []
+    for nlat, batch in ((33, 2), (65, 2), (33, 6)):
+        halo = HaloExchange(grid, 2, 2, extents=(nlat, 2 * nlat))
+        padded = halo.zeros(batch) if shared else numpy.zeros((batch,) + halo.zeros(batch).shape[1:])
+        padded[...] = rank_rng(grid.cart).standard_normal(padded.shape)
+        halo.update(padded)
+        halo.accumulate(padded)  # plans and copies made
+        found.append((operations(lambda: halo.update(padded), (HALO,), HALO_WAITS),
+                      operations(lambda: halo.accumulate(padded), (HALO,), HALO_WAITS)))
+    for rank, counts in enumerate(everywhere(grid, found)):
+        assert counts[0] == counts[1] == counts[2], f"rank {rank}: (update, accumulate) counts {counts}"

@@ -148,6 +148,18 @@ EXPECTED = {
                                                              r"radius=1e\+300: the factors are not finite"),
     "hyperdiffusion_negative_dt_on_the_last_rank": ("ValueError", r"^hyperdiffusion: rank {last} of {size}: dt must be "
                                                                   r"a finite number >= 0, got -600.0$"),
+    # issue 40: tiles in memory shared on the node (on a polar grid every rank is the last one's neighbour's
+    # neighbour at 2 and 4 ranks, so every rank raises)
+    "shared_lead_on_the_last_rank": ("ValueError", r"^HaloExchange.zeros: the {size} ranks disagree .*\| rank {last} "
+                                                   r"has: \{{\"dtype\":\"<f8\",\"lead\":\[3\]\}}$"),
+    "shared_without_extents_on_the_last_rank": ("TypeError", r"^HaloExchange.zeros: rank {last} of {size}: a halo "
+                                                             r"without extents does not know this rank's tile"),
+    "shared_update_against_accumulate": ("ValueError", r"^HaloExchange.(update|accumulate): rank \d of {size} .*cannot "
+                                                       r"exchange its halo: .*(not making the same call|could not "
+                                                       r"complete its own)"),
+    "shared_plain_batch_on_the_last_rank": ("ValueError", r"^HaloExchange.update: rank \d of {size} .*cannot exchange "
+                                                          r"its halo: .*(not making the same call|could not complete "
+                                                          r"its own)"),
 }
 
 # the cases that need mpisphere.io (the io extra: Zarr, Python 3.11 and newer)

@@ -9,10 +9,10 @@ from .description import digest
 from .stall import Watch
 
 
-HEADER = 8  # int64 words in front of the data of every message of a neighbour round
-HEADER_BYTES = 8 * HEADER
+HEADER = 12  # int64 words in front of the data of every message of a neighbour round
+HEADER_BYTES = 8 * HEADER  # 96: the data after it stays aligned for any dtype
 _MAGIC = 0x6D7368616C6F  # "mshalo": a neighbour round's message, not something else that happened to arrive
-_OWN_ERROR, _POISONED = 1, 2
+_OWN_ERROR, _POISONED, _SHARED = 1, 2, 4
 DETAILS_TAG = 0x6D74  # the full descriptions of a failed round, exchanged between the pairs that did not fit
 
 
@@ -33,17 +33,18 @@ def message_buffer(like, shape, dtype):
 class NeighbourRound:
     """One call's messages with its grid neighbours, each message its header followed by its data.
 
-    The header (eight int64 words in front of the data) carries this rank's
+    The header (twelve int64 words in front of the data) carries this rank's
     verdict on its own input, whether the data it sends is incomplete
     (``poisoned``), a digest of the call (operator, parameters, direction,
     batch shape, dtype, switches), the tile's height and width, the number of
-    data bytes, the order of the call's phases and which optional messages
-    it sends. A receiver probes for a message, learns its size, and receives
-    it whole: into the caller's buffer when the size is the expected one,
-    into a drain buffer otherwise; then it reads the header and uses the data
-    only when the header fits (same digest, tiles that fit together). A
-    mismatch therefore never truncates a message or leaves one behind for
-    the next call, and agreeing costs no message of its own.
+    data bytes, the order of the call's phases, which optional messages it
+    sends, and where the data is when it is not in the message (below). A
+    receiver probes for a message, learns its size, and receives it whole:
+    into the caller's buffer when the size is the expected one, into a drain
+    buffer otherwise; then it reads the header and uses the data only when
+    the header fits (same digest, tiles that fit together). A mismatch
+    therefore never truncates a message or leaves one behind for the next
+    call, and agreeing costs no message of its own.
 
     Parameters
     ----------
@@ -81,6 +82,12 @@ class NeighbourRound:
         not waited for; one it sends but this call does not expect is
         received and dropped, so two calls of different patterns still match
         every message.
+    acknowledge : callable ``(source, tag, location) -> None``, optional
+        Tells the sender of a message whose data stayed in memory shared
+        on the node (:meth:`send` with ``shared=``) that this rank no longer
+        reads it. Called exactly once for every such message received,
+        whether its data was used or dropped: by the caller through
+        :meth:`acknowledge` after reading, by the round otherwise.
 
     Notes
     -----
@@ -96,10 +103,18 @@ class NeighbourRound:
     first phase: the rank then sends all its remaining headers at once,
     which breaks the cycle. Problems are raised by the caller after
     :meth:`finish`.
+
+    Data in shared memory: a sender whose block lies in memory the receiver
+    can read (an MPI-3 shared window on the node) sends the header alone,
+    flagged, with the data's size and a ``location`` of three integers (for
+    the halo: which array, which call, where in the sender's memory); the receiver reads the block itself
+    (:attr:`shared` says where) and acknowledges it. The sender must not
+    change the block until every such message it sent (:attr:`published`)
+    has been acknowledged.
     """
 
     def __init__(self, comm, who, description, tile, error, expected, fits, order=0, staged=False,
-                 workspace=None, pattern=0, optional=None):
+                 workspace=None, pattern=0, optional=None, acknowledge=None):
         self.comm, self.who, self.fits = comm, who, fits
         self.description = description
         self.error = error
@@ -124,25 +139,47 @@ class NeighbourRound:
         self._sends = []
         self._status = collectives.status()
         self._watch = Watch(comm, who)
+        self._acknowledge = acknowledge
+        self._base = numpy.array([_MAGIC, 0, self.code, self.tile[0], self.tile[1], 0, self.order, self.pattern,
+                                  0, 0, 0, 0], numpy.int64)
+        self.shared = {}                   # key -> (location, the sender's tile) of data read in shared memory
+        self._owed = {}                    # key -> location: shared data received and not acknowledged yet
+        self.published = []                # (dest, tag) of the messages this rank sent with shared data
 
     # --- sending -----------------------------------------------------------------------------------
 
-    def _header(self, nbytes):
-        flags = (_OWN_ERROR if self.error is not None else 0) | (_POISONED if self.poisoned else 0)
-        return numpy.array([_MAGIC, flags, self.code, self.tile[0], self.tile[1], nbytes, self.order, self.pattern],
-                           numpy.int64)
+    def _header(self, nbytes, location=None):
+        header = self._base.copy()  # one array built per round; a copy per message (the sends are in flight)
+        header[1] = (_OWN_ERROR if self.error is not None else 0) | (_POISONED if self.poisoned else 0) | \
+            (0 if location is None else _SHARED)
+        header[5] = nbytes
+        if location is not None:
+            header[8:11] = location
+        return header
 
-    def send(self, dest, tag, message):
+    def send(self, dest, tag, message, *, shared=None, request=None):
         """Send ``message`` (a buffer from :func:`message_buffer`, or ``None``) to ``dest`` with ``tag``.
 
         The round writes the header into its first bytes. A poisoned round,
-        or ``None``, sends the header alone.
+        or ``None``, sends the header alone. ``shared=(nbytes, location)``:
+        the data (``nbytes``) stays in shared memory at ``location`` and the
+        header goes alone, flagged (not from a poisoned round: that sends no
+        data at all). ``request``: a persistent send of ``message`` to
+        ``dest`` with ``tag`` (host memory, not staged), started instead of a
+        new one.
         """
         if (dest, tag) in self._sent:
             raise RuntimeError(f"{self.who}: two messages to rank {dest} with tag {tag} in one round")
         self._sent.add((dest, tag))
-        if self.poisoned or message is None:
+        if shared is not None and not self.poisoned:
+            out = self._header(int(shared[0]), shared[1]).view(numpy.uint8)
+            self.published.append((dest, tag))
+        elif self.poisoned or message is None:
             out = self._header(0).view(numpy.uint8)
+        elif request is not None and not self.staged and isinstance(message, numpy.ndarray):
+            message[:HEADER_BYTES] = self._header(int(message.size) - HEADER_BYTES).view(numpy.uint8)
+            self._post(message, dest, tag, request)
+            return
         else:
             header = self._header(int(message.size) - HEADER_BYTES).view(numpy.uint8)
             if self.staged and (backend.is_device_array(message) or isinstance(message, numpy.ndarray)):
@@ -156,7 +193,15 @@ class NeighbourRound:
             else:
                 message[:HEADER_BYTES] = header
                 out = message
-        self._sends.append((collectives.isend_bytes(self.comm, out, dest, tag), out))
+        self._post(out, dest, tag)
+
+    def _post(self, out, dest, tag, request=None):
+        """Start the send of the bytes ``out`` (its persistent ``request``, or a new one)."""
+        if request is None:
+            request = collectives.isend_bytes(self.comm, out, dest, tag)
+        else:
+            collectives.start(request)
+        self._sends.append((request, out))
 
     # --- receiving --------------------------------------------------------------------------------------
 
@@ -191,6 +236,12 @@ class NeighbourRound:
         self._pending.remove(key)
         self._received.add(key)
         self._on_header(key, header, nbytes)
+        if header[0] == _MAGIC and header[1] & _SHARED:
+            self._owed[key] = (int(header[8]), int(header[9]), int(header[10]))
+            if self._usable[key] and not self._flush and self.error is None:
+                self.shared[key] = (self._owed[key], (int(header[3]), int(header[4])))
+            else:  # dropped: the sender may go on at once
+                self.acknowledge(key)
         if fitting and self._usable[key] and landing is not target:
             backend.copy_from_host(landing, target)
             # the next round's message lands in this pinned buffer: not before the copy has read it
@@ -221,6 +272,8 @@ class NeighbourRound:
             else:
                 target = self._targets.get(key)
                 expected = HEADER_BYTES if target is None else int(target.size)
+                if header[1] & _SHARED:  # the header alone; the size of the data left in shared memory
+                    nbytes = HEADER_BYTES + int(header[5]) if nbytes == HEADER_BYTES else -1
                 if nbytes != expected:
                     problem = f"sent {nbytes - HEADER_BYTES} bytes where {expected - HEADER_BYTES} were expected"
         if header[0] == _MAGIC and header[6] != self.order:
@@ -290,6 +343,16 @@ class NeighbourRound:
             return {}
         return {k: self._targets[k] for k in keys if self._targets.get(k) is not None}
 
+    def acknowledge(self, key):
+        """Tell the sender of ``key`` (data in shared memory) that this rank no longer reads it."""
+        location = self._owed.pop(key, None)
+        if location is None:
+            return
+        if self._acknowledge is None:
+            raise RuntimeError(f"{self.who}: rank {key[0]} left its data in shared memory, which this call "
+                               "cannot acknowledge")
+        self._acknowledge(key[0], key[1], location)
+
     def finish(self, remaining):
         """Send the headers of ``remaining`` ``(dest, tag)`` not sent yet (no data), receive the rest, wait.
 
@@ -306,6 +369,8 @@ class NeighbourRound:
         self._flush = True  # everything left is received and dropped
         while self._pending:
             self._sweep()
+        for key in list(self._owed):  # shared data not read (a problem) or read without acknowledging
+            self.acknowledge(key)
         collectives.waitall([r for r, _ in self._sends])
         self._sends.clear()
         if self.error is None and not self.problems:

@@ -1,9 +1,12 @@
 """Halo (ghost-cell) exchange on the process grid and its adjoint.
 
 :mod:`.exchange` holds :class:`HaloExchange` and :class:`HaloReduce` (with
-the neighbour agreement in their messages), :mod:`.plan` the blocks and
-buffers of one padded shape, :mod:`.poles` the rows past the poles. The
-halo widths a localized operator needs come from :mod:`mpisphere.geometry`.
+the neighbour agreement in their messages); :mod:`.pattern` what a call
+moves (widths, neighbours, the moves of each phase), :mod:`.poles` what lies
+past the poles (one boundary class each), :mod:`.plan` the message path
+(packed buffers, persistent sends, copies by runs), :mod:`.shared` the
+tiles in memory shared on the node. The halo widths a localized operator
+needs come from :mod:`mpisphere.geometry`.
 """
 
 from .exchange import HaloExchange, HaloReduce

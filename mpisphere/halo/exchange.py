@@ -41,7 +41,7 @@ The ranks agree twice:
   exchange from the same arguments (widths, extents, poles, signs,
   quadrature), or every rank raises;
 * **in every call**, with the neighbours only, at no extra round trip: each
-  message carries a header of eight integers in front of its data (this
+  message carries a header of twelve integers in front of its data (this
   rank's verdict on its own input, a digest of the call, its tile's height
   and width, the size of the data that follows; see
   :class:`~mpisphere.agreement.NeighbourRound`). Every call exchanges a
@@ -57,26 +57,50 @@ The ranks agree twice:
 
 Composed with other operators (``@``), a halo exchange takes part in the
 composition's agreement over the whole grid, which is why it needs
-``extents`` there. Packing with NumPy beats MPI subarray datatypes on these
-thin blocks (measured with MPICH: 0.43 against 0.88 ms for the two column
-messages of a (32, 361, 360) tile), so each block is packed into a buffer
-that a per-shape plan allocates once.
+``extents`` there.
 
-The rows past the poles are :mod:`.poles`' (:class:`~.poles.PoleCrossing`),
-the blocks, buffers and run-by-run copies :mod:`.plan`'s;
-:func:`~mpisphere.polar_halo_radius` (:mod:`mpisphere.geometry`) derives
-the halo width of a localized operator from the latitudes and the grid.
+Two paths for the data
+----------------------
+Each block goes one of two ways, chosen by its sender, message by message:
+
+* **shared memory**: the sender's padded tile comes from :meth:`HaloExchange.zeros`
+  or :meth:`~HaloExchange.empty` (a window shared by the ranks of the node,
+  :mod:`.shared`) and the receiver is on the same node. The header goes
+  alone; the receiver copies the block from the sender's memory into its
+  halo, or adds it onto its own cells (rows straight from the sender's tile;
+  the thin column blocks from where the sender packed them behind its tile,
+  which reads contiguously), and acknowledges; the sender leaves the call
+  once its blocks are acknowledged. No MPI transfer, no message buffers.
+* **messages**: anything else (plain arrays, device arrays, neighbours on
+  other nodes, ``config.shared_memory = False``): the block is packed into
+  a buffer a per-shape plan holds (NumPy packing beats MPI subarray
+  datatypes on these thin blocks, measured with MPICH: 0.43 against 0.88 ms
+  for the two column messages of a (32, 361, 360) tile) and sent behind the
+  header by a persistent send.
+
+The receiver reads the header first either way, so the two kinds mix in one
+call and the agreement is the same. Results are bitwise the same on both
+paths: the same values are copied, and the same sums made in the same order.
+
+The call goes down once: the pattern (:mod:`.pattern`: widths, neighbours,
+the moves of a tile's phases) and the boundary (:mod:`.poles`: zeros past
+the poles, or the field across them) plan it, and :meth:`HaloExchange._run`
+runs the phases with the neighbours' round. :func:`~mpisphere.polar_halo_radius`
+(:mod:`mpisphere.geometry`) derives the halo width of a localized operator
+from the latitudes and the grid.
 """
 import numpy
 
-from .. import backend, dtypes
-from ..agreement import REFUSED, Context, InputError, NeighbourRound, Spec, agree, agree_construction, \
-    call_description, raise_everywhere
+from .. import backend, collectives, dtypes
+from ..agreement import REFUSED, Call, Context, InputError, NeighbourRound, Spec, agree, agree_construction, \
+    call_description, collective, raise_everywhere
 from ..operators import ADJOINT, DISTRIBUTED, FORWARD, AdjointOperator, Layout, LinearOperator
+from ..settings import config
 from ..validation import check_choice, check_int
-from .plan import FROM, OPPOSITE, RECORD, TO_EAST, TO_NORTH, TO_SOUTH, TO_WEST, HaloPlan, add_runs, copy_runs, \
-    move_runs
-from .poles import PoleCrossing
+from .pattern import FROM, RECORD, TO_EAST, TO_WEST, HaloPattern
+from .plan import MessagePlan, add_between, add_runs, copier, copy_runs, unpacker
+from .poles import AcrossPoles, ZeroPoles
+from .shared import NodeMemory
 
 __all__ = ["HaloExchange", "HaloReduce"]
 
@@ -144,7 +168,9 @@ class HaloExchange(LinearOperator):
     rank's cells. Both distributed over ``grid.cart``.
 
     :meth:`update` and :meth:`accumulate` do the same in place on a padded
-    array, for codes that keep ghost cells inside their fields.
+    array, for codes that keep ghost cells inside their fields; on arrays
+    from :meth:`zeros` or :meth:`empty` (memory shared on the node) they
+    read the neighbours' blocks straight from their tiles.
 
     Construction is collective over ``grid.cart``.
 
@@ -189,14 +215,15 @@ class HaloExchange(LinearOperator):
                 raise ValueError(f"{self._label}: {error}")
             self.extents = (nlat, nlon)
             self.tile = grid.local_shape(nlat, nlon)
-        self._poles = None
         if poles == "across":
-            self._poles = PoleCrossing(grid, self.rows, self.cols, self.extents, quadrature, self.signs, self._label)
-            self.quadrature = self._poles.quadrature
-        self._across = self._poles is not None and self._poles.active
+            across = AcrossPoles(grid, self.rows, self.cols, self.extents, quadrature, self.signs, self._label)
+            self.quadrature = across.quadrature
+            self.boundary = across if across.active else ZeroPoles(grid, self.rows)
+        else:
+            self.boundary = ZeroPoles(grid, self.rows)
+        self.pattern = HaloPattern(grid, self.rows, self.cols)
         self._workspace = backend.Workspace()
-        self._plans = backend.BoundedCache(4)
-        self._neighbours = self._find_neighbours()
+        self._plans = backend.BoundedCache(4, drop=MessagePlan.free)
 
     @property
     def name(self):
@@ -223,29 +250,6 @@ class HaloExchange(LinearOperator):
                     f"{lon_detail}); the exchange reaches only the immediate neighbours, so use at most "
                     f"{min_w} halo columns, fewer azimuth ranks or more longitudes")
         return None
-
-    def _find_neighbours(self):
-        """``(sends, receives)``: ``[(cart rank, tag)]`` of every message of a call, whatever the widths.
-
-        The four direct neighbours in both phases (none past a pole, none on
-        a one-rank ring, which wraps locally): the same in every halo call,
-        so that two different calls on neighbouring ranks still exchange the
-        same messages and see each other's headers.
-        """
-        g = self.grid
-        p, a = g.polar_rank, g.azimuth_rank
-        sends, receives = {}, {}
-        if g.nazimuth > 1:
-            west, east = p * g.nazimuth + (a - 1) % g.nazimuth, p * g.nazimuth + (a + 1) % g.nazimuth
-            sends.update({TO_EAST: east, TO_WEST: west})
-            receives.update({TO_EAST: west, TO_WEST: east})
-        if p > 0:
-            sends[TO_NORTH] = (p - 1) * g.nazimuth + a
-            receives[TO_SOUTH] = (p - 1) * g.nazimuth + a
-        if p < g.npolar - 1:
-            sends[TO_SOUTH] = (p + 1) * g.nazimuth + a
-            receives[TO_NORTH] = (p + 1) * g.nazimuth + a
-        return sends, receives
 
     # --- local checks ---------------------------------------------------------------
 
@@ -275,26 +279,24 @@ class HaloExchange(LinearOperator):
                                     "this rank's")
         if message is not None:
             raise InputError(message)
-        if self._across and self.signs is not None and (len(spec.shape) < 3 or spec.shape[-3] != self.signs.size):
-            raise InputError(f"signs has {self.signs.size} entries, one per field on axis -3, but the input has "
-                             f"shape {spec.shape}")
+        problem = self.boundary.check(spec.shape)
+        if problem is not None:
+            raise InputError(problem)
         return tile
 
     def _output(self, direction, spec):
-        padded = direction in (ADJOINT, "accumulate", "update")
-        h, w = self._tile_of(spec, padded)
+        h, w = self._tile_of(spec, direction == ADJOINT)
         if direction == FORWARD:
-            shape = spec.shape[:-2] + (h + 2 * self.rows, w + 2 * self.cols)
-        elif direction == ADJOINT:
-            shape = spec.shape[:-2] + (h, w)
-        else:
-            shape = spec.shape
-        return spec.but(shape=shape), spec.describe((-2, -1))
+            return spec.but(shape=spec.shape[:-2] + (h + 2 * self.rows, w + 2 * self.cols)), spec.describe((-2, -1))
+        return spec.but(shape=spec.shape[:-2] + (h, w)), spec.describe((-2, -1))
+
+    def _output_in_place(self, direction, spec):
+        self._tile_of(spec, True)
+        return spec, spec.describe((-2, -1))
 
     def _reserve(self, direction, x, out):
-        padded = out if direction == FORWARD else x
-        self._plan(padded)
-        if direction == ADJOINT:
+        self._message_plan(out if direction == FORWARD else x)
+        if direction == ADJOINT and out is not x:
             self._workspace.scratch("adjoint", x, x.size)
 
     # --- calls ------------------------------------------------------------------------
@@ -314,9 +316,84 @@ class HaloExchange(LinearOperator):
         """
         return self._apply(ADJOINT, padded, None, label="accumulate", in_place=True)
 
+    @collective
+    def zeros(self, lead=(), dtype=numpy.float64):
+        """This rank's padded tile, zeroed, in memory shared by the ranks of its node (collective).
+
+        Parameters
+        ----------
+        lead : int or tuple of int
+            The leading axes (e.g. the number of fields); the same on every rank.
+        dtype : dtype, optional
+            The same on every rank. Default float64.
+
+        Returns
+        -------
+        numpy.ndarray
+            Shape ``lead + (h + 2*rows, w + 2*cols)`` for this rank's tile
+            ``(h, w)`` of the ``extents`` field, C-contiguous, host memory.
+
+        Notes
+        -----
+        :meth:`update` and :meth:`accumulate` on this array (the array
+        itself, not a view of it) leave the blocks the neighbours of the same
+        node need for them to read: the rows straight from the tile, the thin
+        column blocks packed behind it; no MPI transfer (see the module
+        notes). Any halo exchange of the same grid and widths can use it.
+        The memory is a window of ``MPI_Win_allocate_shared`` (one per call:
+        on each rank its tile and its two column blocks) and lives until
+        ``grid.free()``; the array must not be used after that.
+        Collective over ``grid.cart``: every rank calls it with the same
+        ``lead`` and ``dtype``, or every rank raises.
+        """
+        return self._allocate("zeros", lead, dtype, fill=True)
+
+    @collective
+    def empty(self, lead=(), dtype=numpy.float64):
+        """As :meth:`zeros`, without zeroing the memory (collective)."""
+        return self._allocate("empty", lead, dtype, fill=False)
+
+    def _allocate(self, what, lead, dtype, fill):
+        who = f"{self._label}.{what}"
+        call = Call(self.grid.cart, who)
+        shape = dtype_str = None
+        with call.local():
+            if self.tile is None:
+                raise TypeError("a halo without extents does not know this rank's tile; build it with "
+                                "extents=(nlat, nlon) to allocate from it")
+            lead = (lead,) if isinstance(lead, (int, numpy.integer)) and not isinstance(lead, bool) else lead
+            if not isinstance(lead, (tuple, list)):
+                raise TypeError(f"lead must be an int or a tuple of ints, got {type(lead).__name__}")
+            try:
+                lead = tuple(check_int(n, "lead", who, minimum=0) for n in lead)
+            except (TypeError, ValueError) as exc:  # the call adds who and which rank
+                raise type(exc)(str(exc).removeprefix(f"{who}: ")) from None
+            dtype = numpy.dtype(dtype)
+            problem = dtypes.refusal(dtype, "moved")
+            if problem:
+                raise TypeError(problem)
+            h, w = self.tile
+            shape, dtype_str = lead + (h + 2 * self.rows, w + 2 * self.cols), dtype.str
+        call.agree(lead=None if shape is None else list(shape[:-2]), dtype=dtype_str)
+        memory = self.grid.node_memory
+        if memory is None:
+            with call.local("cannot set up memory shared on the node"):
+                memory = NodeMemory(self.grid.cart)
+            call.agree()
+            self.grid.node_memory = memory
+        record = None
+        h, c = self.tile[0], self.cols
+        staging = [(tag, shape[:-2] + (h, c)) for tag in (TO_EAST, TO_WEST) if c and tag in self.pattern.sends]
+        with call.local(f"cannot allocate {shape} {dtype.name} in memory shared on the node"):
+            record = memory.allocate(shape, dtype, staging)
+        call.agree()
+        if fill:
+            record.array[...] = 0
+        return record.array
+
     def _agreement(self, comm, who, error, description, spec, signature):
         """Across the poles: over the whole grid first. Otherwise nothing yet: the headers carry it."""
-        if self._across:
+        if self.boundary.collective:
             context = agree(self.grid.cart, who, error, description, spec, signature)
             return _HaloContext(context.staged, None, call_description(f"{signature}: {description}"), who)
         return _HaloContext(Context.local(spec).staged, error, call_description(f"{signature}: {description}"), who)
@@ -324,14 +401,18 @@ class HaloExchange(LinearOperator):
     def _refuse(self, comm, who, description, spec, signature):
         """A call refused on this rank: its messages still go out (headers only) and come in (dropped)."""
         error = InputError(REFUSED, RuntimeError)
-        if self._across:
+        if self.boundary.collective:
             raise_everywhere(self.grid.cart, who, error)
             return
         self._round(who, None, error, (0, 0), False, 0)[1]()
 
     def _round(self, who, description, error, tile, staged, order):
-        """A :class:`NeighbourRound` for one call, and the function that ends it (raises on a problem)."""
-        sends, receives = self._neighbours
+        """A :class:`NeighbourRound` for one call, and the function that ends it (raises on a problem).
+
+        The function takes the number of the call when this rank left
+        blocks in shared memory: it waits for their acknowledgements first.
+        """
+        sends, receives = self.pattern.sends, self.pattern.receives
         g = self.grid
         records = self.extents is None  # without extents, the tiles are checked in a round of records first
         expected = [(rank, tag) for tag, rank in receives.items()]
@@ -352,15 +433,20 @@ class HaloExchange(LinearOperator):
                     return f"a halo of {self.rows} rows is wider than a tile of {min(ha, hb)} rows"
             return None
 
+        memory = g.node_memory
+        acknowledge = None if memory is None else (lambda source, tag, where: memory.acknowledge(source, tag, where[1]))
         text = description if description is not None else f"{self._describe()} (refused)"
         round_ = NeighbourRound(g.cart, who, text, tile, error, expected, fits, order=order, staged=staged,
                                 workspace=self._workspace, pattern=int(records),
-                                optional={(rank, tag + RECORD): 1 for tag, rank in receives.items()})
+                                optional={(rank, tag + RECORD): 1 for tag, rank in receives.items()},
+                                acknowledge=acknowledge)
         every = [(rank, tag) for tag, rank in sends.items()]
         every += [(rank, tag + RECORD) for tag, rank in sends.items()] if records else []
 
-        def finish():
+        def finish(sequence=None):
             problems = round_.finish(every)
+            if round_.published:  # blocks left in shared memory: not changed before the neighbours have read them
+                memory.await_acknowledgements(round_.published, sequence, who)
             if problems is None:
                 return
             lines = [] if error is None else [f"this rank: {error.text}"]
@@ -378,130 +464,182 @@ class HaloExchange(LinearOperator):
         return round_, finish
 
     def _run(self, direction, x, out, context):
-        """The exchange: the neighbours' round in two phases (headers with the data), then across the poles."""
+        """Plan the call from the pattern and the boundary, then run it with the neighbours' round.
+
+        ``out is x``: in place (:meth:`update`, :meth:`accumulate`).
+        """
         error = getattr(context, "error", None)
         description = getattr(context, "description", None)
         who = getattr(context, "who", None) or f"{self.name}.{direction}"
         if description is None:  # inside an agreed composition: every rank makes this call
             description = call_description(f"{self._describe()} {direction} (composed): "
                                            f"{Spec.of(x).describe((-2, -1))}")
-        if error is None:
-            tile = (x.shape[-2], x.shape[-1]) if direction == FORWARD else \
-                (x.shape[-2] - 2 * self.rows, x.shape[-1] - 2 * self.cols)
-        else:
+        gather, in_place = direction == FORWARD, out is x
+        r, c = self.rows, self.cols
+        if error is not None:
             tile = (0, 0)
-        order = 0 if direction in (FORWARD, "update") else 1  # columns first, or rows first
-        round_, finish = self._round(who, description, error, tile, context.staged, order)
+        elif gather and not in_place:
+            tile = (x.shape[-2], x.shape[-1])
+        else:
+            tile = (x.shape[-2] - 2 * r, x.shape[-1] - 2 * c)
+        round_, finish = self._round(who, description, error, tile, context.staged, 0 if gather else 1)
         if error is not None:
             finish()  # raises: headers only, everything that arrives dropped
-        sends, receives = self._neighbours
-        # where each neighbour's message lands, known before any arrives (a later phase's may come early)
-        plan = self._plan(out if direction == FORWARD else x)
-        for tag, rank in receives.items():
+        h, w = tile
+        if in_place:
+            P = x
+        elif gather:  # the halo is written whole below (neighbours, the ring, the boundary)
+            P = out
+            P[..., r:r + h, c:c + w] = x
+        else:
+            P = self._workspace.scratch("adjoint", x, x.size).reshape(x.shape)
+            P[...] = x
+        plan = self._message_plan(P)
+        for tag, rank in self.pattern.receives.items():  # where each message lands, known before any arrives
             round_.expect((rank, tag), plan.incoming[tag][0])
         if self.extents is None:  # the records first: tiles that do not fit anywhere around poison the data
-            for tag, rank in sends.items():
+            for tag, rank in self.pattern.sends.items():
                 round_.send(rank, tag + RECORD, None)
-            for tag, rank in receives.items():
+            for tag, rank in self.pattern.receives.items():
                 round_.expect((rank, tag + RECORD), None)
-            round_.collect([(rank, tag + RECORD) for tag, rank in receives.items()], records=True)
+            round_.collect([(rank, tag + RECORD) for tag, rank in self.pattern.receives.items()], records=True)
             if round_.poisoned:
                 finish()
-        r, c = self.rows, self.cols
-        h, w = tile
-        if direction == FORWARD:  # the halo is written whole by _fill_halo (neighbours, the ring, zeros past a pole)
-            out[..., r:r + h, c:c + w] = x
-            self._fill_halo(out, h, w, round_, finish)
-            if self._across:
-                self._poles.forward(out, h, w, context)
-        elif direction == "update":
-            self._fill_halo(x, h, w, round_, finish)
-            if self._across:
-                self._poles.forward(x, h, w, context)
-        elif direction == ADJOINT:
-            work = self._workspace.scratch("adjoint", x, x.size).reshape(x.shape)
-            work[...] = x
-            if self._across:
-                self._poles.adjoint(work, h, w, context)
-            self._return_halo(work, h, w, round_, finish)
-            out[...] = work[..., r:r + h, c:c + w]
-        else:  # accumulate
-            if self._across:
-                self._poles.adjoint(x, h, w, context)
-            self._return_halo(x, h, w, round_, finish)
+        sender = self._sender(P)
+        first, second = self.pattern.phases(h, w, gather)
+        if gather:
+            self.pattern.wrap(P, h, w)
+            if self._phase(P, first, True, round_, plan, sender):
+                self._phase(P, second, True, round_, plan, sender)
+            finish(None if sender is None else sender[1])
+            self.boundary.fill(P, h, w, context)
+        else:
+            self.boundary.give_back(P, h, w, context)
+            if self._phase(P, first, False, round_, plan, sender):
+                self.pattern.unwrap(P, h, w)
+                self._phase(P, second, False, round_, plan, sender)
+            finish(None if sender is None else sender[1])
+            self.pattern.clear(P, h, w)
+            if not in_place:
+                out[...] = P[..., r:r + h, c:c + w]
 
-    # --- the two phases -------------------------------------------------------------------
+    # --- the plan ---------------------------------------------------------------------
 
-    def _plan(self, P):
+    def _message_plan(self, P):
         key = (tuple(P.shape), P.dtype.str, backend.is_device_array(P), getattr(getattr(P, "device", None), "id", None))
         h, w = P.shape[-2] - 2 * self.rows, P.shape[-1] - 2 * self.cols
-        return self._plans.get(key, lambda: HaloPlan(P, h, w, self.rows, self.cols)).claim(P)
+        return self._plans.get(key, lambda: MessagePlan(P, self.pattern, h, w, self.grid.cart)).claim(P)
 
-    def _phase(self, P, plan, moves, add, round_):
-        """Send this phase's blocks (headers first), receive the neighbours', then unpack or add them."""
-        sends, receives = self._neighbours
-        keys = []
-        for tag, interior, halo in moves:
-            send_region, recv_region = interior, halo
-            if add:  # the halo goes home: data travelling with ``tag`` is the opposite move's halo, added inside
-                _, interior, halo = next(m for m in moves if m[0] == OPPOSITE[tag])
-                send_region, recv_region = halo, interior
-            dest = sends.get(tag)
+    def _sender(self, P):
+        """``(allocation, call number)`` when ``P`` lies in shared memory and may be read there, else ``None``."""
+        memory = self.grid.node_memory
+        if memory is None or not config.shared_memory:
+            return None
+        record = memory.find(P)
+        if record is None:
+            return None
+        return record, memory.publish(record)
+
+    def _phase(self, P, moves, gather, round_, plan, sender):
+        """Send this phase's blocks (or leave them in shared memory), then fill or add what arrives.
+
+        Returns False when the round is poisoned (the caller stops and finishes).
+        """
+        sends, receives = self.pattern.sends, self.pattern.receives
+        memory = self.grid.node_memory
+        incoming = []
+        for move in moves:
+            dest = sends.get(move.tag)
             if dest is not None:
-                message, out_buf = plan.outgoing[tag]
-                if out_buf is not None and not round_.poisoned:
-                    copy_runs(out_buf, P, send_region)
-                round_.send(dest, tag, message)
-            source = receives.get(tag)
+                message, buf = plan.outgoing[move.tag]
+                if sender is not None and buf is not None and not round_.poisoned and memory.on_node(dest):
+                    round_.send(dest, move.tag, None, shared=(buf.nbytes, self._leave(P, move, sender, buf)))
+                else:
+                    if buf is not None and not round_.poisoned:
+                        copy_runs(buf, P, move.send)
+                    round_.send(dest, move.tag, message, request=plan.request(move.tag, dest))
+            source = receives.get(move.tag)
             if source is not None:
-                keys.append(((source, tag), recv_region, plan.incoming[tag][1]))
-        arrived = round_.collect([k for k, _, _ in keys])
+                incoming.append(((source, move.tag), move.recv, plan.incoming[move.tag][1]))
+        arrived = round_.collect([key for key, _, _ in incoming])
         if round_.poisoned:
             return False
-        for key, region, buf in keys:
-            if key in arrived:
-                if add:
-                    add_runs(P, buf, region, self._workspace)
-                else:
+        for key, region, buf in incoming:
+            where = round_.shared.get(key)
+            if where is not None:
+                self._read_shared(P, key, where, region, gather, round_, sender)
+            elif key in arrived:
+                if gather:
                     copy_runs(P, buf, region, into_region=True)
-        return True
+                else:
+                    add_runs(P, buf, region, self._workspace)
+        return not round_.poisoned
 
-    def _fill_halo(self, P, h, w, round_, finish):
-        """``update``: the columns from the azimuth neighbours, then full rows (corners) from the polar ones."""
-        plan = self._plan(P)
-        r, c = self.rows, self.cols
-        if c and self.grid.nazimuth == 1:  # a one-rank ring wraps onto itself
-            inner = slice(r, r + h)
-            move_runs(P, (inner, slice(w, w + c)), (inner, slice(0, c)))
-            move_runs(P, (inner, slice(c, 2 * c)), (inner, slice(c + w, w + 2 * c)))
-        if self._phase(P, plan, plan.columns, False, round_):
-            self._phase(P, plan, plan.rows, False, round_)
-        finish()
-        if r and self.grid.polar_rank == 0:
-            P[..., 0:r, :] = 0
-        if r and self.grid.polar_rank == self.grid.npolar - 1:
-            P[..., r + h:, :] = 0
+    @staticmethod
+    def _leave(P, move, sender, buf):
+        """Leave ``move``'s block in shared memory for its reader: ``(allocation, call, byte offset)``.
 
-    def _return_halo(self, P, h, w, round_, finish):
-        """``accumulate``: the halo rows go home and are added, then the halo columns; the halo is zeroed."""
-        plan = self._plan(P)
-        r, c = self.rows, self.cols
-        if self._phase(P, plan, plan.rows, True, round_):
-            if r:
-                P[..., 0:r, :] = 0
-                P[..., r + h:, :] = 0
-            inner = slice(r, r + h)
-            if c and self.grid.nazimuth == 1:
-                P[..., inner, w:w + c] += P[..., inner, 0:c]
-                P[..., inner, c:2 * c] += P[..., inner, c + w:w + 2 * c]
-            self._phase(P, plan, plan.columns, True, round_)
-            if c:
-                P[..., inner, 0:c] = 0
-                P[..., inner, c + w:w + 2 * c] = 0
-        finish()
+        A thin block (the columns: runs of a few elements) is packed behind
+        the tile, where the reader reads it contiguously (offset >= 0);
+        reading such runs straight from another core's tile was measured
+        slower than packing them here. Rows are read straight from the tile
+        (offset -1).
+        """
+        record, sequence = sender
+        offset = -1
+        staged = record.staging.get(move.tag)
+        if staged is not None and staged[1].shape == buf.shape:
+            copy_runs(staged[1], P, move.send)
+            offset = staged[0]
+        collectives.window_sync(record.window)  # this rank's writes (tile, first phase, packing) before the header
+        return record.serial, sequence, offset
+
+    def _read_shared(self, P, key, where, region, gather, round_, sender):
+        """Copy (or add) a neighbour's block straight from its shared memory, then acknowledge it."""
+        source, tag = key
+        (serial, _, offset), (h, w) = where
+        memory = self.grid.node_memory
+        if offset >= 0:  # packed by its owner
+            rows, cols = region
+            theirs = memory.view(serial, source, P.shape[:-2] + (rows.stop - rows.start, cols.stop - cols.start),
+                                 P.dtype, offset)
+        else:
+            theirs = memory.view(serial, source, P.shape[:-2] + (h + 2 * self.rows, w + 2 * self.cols), P.dtype)
+        if theirs is None:
+            round_.problems.append((key, f"left its data in shared memory (allocation {serial}) that this rank "
+                                         "cannot see"))
+            round_.poisoned = True
+        else:
+            memory.read_barrier(serial)
+            if sender is None:
+                self._shared_copy(P, tag, region, gather, theirs, offset, h, w)()
+            else:  # both in shared memory: the copy is planned once per pair of arrays
+                planned = sender[0].copies
+                rows, cols = region
+                at = (key, serial, offset, theirs.shape, gather, rows.start, rows.stop, cols.start, cols.stop)
+                copy = planned.get(at)
+                if copy is None:
+                    copy = planned[at] = self._shared_copy(P, tag, region, gather, theirs, offset, h, w)
+                copy()
+        round_.acknowledge(key)
+
+    def _shared_copy(self, P, tag, region, gather, theirs, offset, h, w):
+        """The function that fills (or adds onto) ``P[region]`` from a neighbour's memory ``theirs``."""
+        workspace = self._workspace
+        if offset >= 0:
+            if gather:
+                return unpacker(P, region, theirs)
+            return lambda: add_runs(P, theirs, region, workspace, keep=True)
+        block = self.pattern.send_region(tag, h, w, gather)
+        if gather:
+            return copier(P, region, theirs, block)
+        return lambda: add_between(P, region, theirs, block, workspace)
 
     def free(self):
-        """Drop the cached plans and scratch buffers (they are rebuilt on the next call)."""
+        """Drop the cached plans, their persistent requests and the scratch buffers (rebuilt on the next call).
+
+        Arrays from :meth:`zeros` and :meth:`empty` stay: they are freed with the grid.
+        """
         self._plans.clear()
         self._workspace.clear()
 

@@ -1,64 +1,75 @@
-"""The halo's messages and blocks: tags, the per-shape plan of packed buffers, and copies run by run.
+"""The halo's message path and its copies: the packed buffers of one padded shape, persistent sends, copies by runs.
 
-A :class:`HaloPlan` is built once per padded shape: the blocks each phase
-moves (columns along the azimuth ring, then full rows along the polar axis)
-and a message buffer per neighbour and direction, with room for the
-agreement header in front of the data. The copies go by contiguous runs
-where the layout allows (about twice as fast as element by element for the
-thin column blocks of a halo).
+A :class:`MessagePlan` is built once per padded shape, dtype and device:
+one message buffer per tag and direction (the data of a block, with room
+for the agreement header in front) and, for host buffers, a persistent send
+request per tag (``MPI_Send_init``), started in every call. Receives stay
+matched probes (``MPI_Improbe`` / ``MPI_Mrecv``): a persistent receive of a
+fixed size would truncate a neighbour's message of another size, an error
+that MPI raises on one rank only, where a probe sees the size and the
+header decides.
+
+Packing and unpacking are one vectorised copy per block, by contiguous
+runs where the layout allows (about twice as fast as element by element for
+the thin column blocks of a halo); the shared-memory path copies and adds
+between two ranks' tiles the same way (:func:`copier`, :func:`unpacker`,
+:func:`add_between`).
 """
 
 import math
 
 import numpy
 
-from .. import backend
+from .. import backend, collectives
 from ..agreement import message_buffer
 
-__all__ = ["TO_NORTH", "TO_SOUTH", "TO_WEST", "TO_EAST", "FROM", "OPPOSITE", "RECORD", "HaloPlan",
-           "copy_runs", "move_runs", "add_runs"]
-
-# message tags, by the direction the data travels
-TO_NORTH, TO_SOUTH, TO_WEST, TO_EAST = 11, 12, 13, 14
-FROM = {TO_EAST: "west", TO_WEST: "east", TO_SOUTH: "north", TO_NORTH: "south"}
-OPPOSITE = {TO_EAST: TO_WEST, TO_WEST: TO_EAST, TO_SOUTH: TO_NORTH, TO_NORTH: TO_SOUTH}
-RECORD = 10  # a record (header alone) of a halo without extents travels with tag + RECORD, before the data
+__all__ = ["MessagePlan", "copy_runs", "move_runs", "add_runs", "copier", "unpacker", "add_between"]
 
 
-class HaloPlan:
-    """The blocks and packed buffers of one padded shape, built once.
+class MessagePlan:
+    """The packed buffers of one padded shape, and their persistent sends, built once.
 
-    A move is ``(tag, interior region, halo region)``, the tag naming the
-    direction the data travels: gathering, the interior block travels with
-    ``tag`` and the block arriving with the same tag from the other side
-    fills the halo region. Accumulating (the adjoint), the data travelling
-    with ``tag`` is the halo of the opposite move going home, and what
-    arrives is added onto that move's interior. A zero width has no buffers
-    (the message is a header alone). The buffers are kept across calls:
+    ``outgoing[tag]`` and ``incoming[tag]`` are ``(message, data)``: a
+    :func:`~mpisphere.agreement.message_buffer` and the view of its data
+    as the block's shape, or ``(None, None)`` for a block of zero width (the
+    message is a header alone). The buffers are kept across calls:
     :meth:`claim` orders their reuse after another CUDA stream's work.
     """
 
-    def __init__(self, P, h, w, r, c):
-        H, W = h + 2 * r, w + 2 * c
-        inner, full = slice(r, r + h), slice(0, W)
-        self.columns = [(TO_EAST, (inner, slice(w, w + c)), (inner, slice(0, c))),
-                        (TO_WEST, (inner, slice(c, 2 * c)), (inner, slice(c + w, W)))]
-        self.rows = [(TO_NORTH, (slice(r, 2 * r), full), (slice(r + h, H), full)),
-                     (TO_SOUTH, (slice(h, h + r), full), (slice(0, r), full))]
+    def __init__(self, P, pattern, h, w, comm):
         lead = tuple(P.shape[:-2])
         self.outgoing, self.incoming = {}, {}
-        for width, moves in ((c, self.columns), (r, self.rows)):
-            for tag, interior, _ in moves:  # (message with its header room, the data in it)
-                shape = lead + (interior[0].stop - interior[0].start, interior[1].stop - interior[1].start)
-                empty = width == 0 or math.prod(shape) == 0
-                self.outgoing[tag] = (None, None) if empty else message_buffer(P, shape, P.dtype)
-                self.incoming[tag] = (None, None) if empty else message_buffer(P, shape, P.dtype)
+        for phase in pattern.phases(h, w, gather=True):
+            for move in phase:
+                rows, cols = move.send
+                shape = lead + (rows.stop - rows.start, cols.stop - cols.start)
+                empty = math.prod(shape) == 0
+                self.outgoing[move.tag] = (None, None) if empty else message_buffer(P, shape, P.dtype)
+                self.incoming[move.tag] = (None, None) if empty else message_buffer(P, shape, P.dtype)
+        self._comm = comm
+        self._requests = {}
+        self._host = isinstance(P, numpy.ndarray)
         self._streams = backend.StreamOrder()
 
     def claim(self, P):
         """Ready the buffers for a call on ``P`` (on a device: after the last call's stream, see the stream rule)."""
         self._streams.claim(P)
         return self
+
+    def request(self, tag, dest):
+        """The persistent send of ``outgoing[tag]`` to ``dest`` (host buffers only; ``None`` otherwise)."""
+        message = self.outgoing[tag][0]
+        if message is None or not self._host:
+            return None
+        found = self._requests.get(tag)
+        if found is None:
+            found = self._requests[tag] = collectives.send_init_bytes(self._comm, message, dest, tag)
+        return found
+
+    def free(self):
+        """Free the persistent requests (inactive between calls)."""
+        requests, self._requests = list(self._requests.values()), {}
+        collectives.free_requests(requests)
 
 
 def _runs(a, region):
@@ -95,13 +106,15 @@ def move_runs(P, source, target):
         numpy.copyto(dst, src)
 
 
-def add_runs(P, buf, region, workspace):
+def add_runs(P, buf, region, workspace, keep=False):
     """``P[region] += buf``, through a contiguous copy of the region when it is made of short runs.
 
     NumPy adds strided blocks of a few elements element by element; copying
-    the runs out, adding contiguously into ``buf`` (the received data, free
-    to overwrite) and copying them back was measured twice as fast for the
-    column blocks of a (32, 361, 360) tile (91 against 172 us).
+    the runs out, adding them contiguously and copying them back was
+    measured twice as fast for the column blocks of a (32, 361, 360) tile
+    (91 against 172 us). The sum goes into ``buf`` (received data, free to
+    overwrite), or with ``keep`` (another rank's block, read only) into a
+    scratch copy; either way each element is ``P + buf``, bit for bit.
     """
     runs = _runs(P, region)
     if runs is None or runs.dtype.itemsize > 256:  # long runs: NumPy adds them at full speed in place
@@ -109,7 +122,11 @@ def add_runs(P, buf, region, workspace):
         return
     own = workspace.scratch("add-runs", buf, buf.size).reshape(buf.shape)
     copy_runs(own, P, region)
-    buf += own
+    if keep:
+        own += buf
+        buf = own
+    else:
+        buf += own
     copy_runs(P, buf, region, into_region=True)
 
 
@@ -129,3 +146,39 @@ def copy_runs(dst, src, region, into_region=False):
         numpy.copyto(runs, packed)
     else:
         numpy.copyto(packed, runs)
+
+
+def copier(P, region, Q, source):
+    """A function that copies ``Q[source]`` into ``P[region]`` (run by run when the layouts allow), planned once."""
+    dst, src = _runs(P, region), _runs(Q, source)
+    if dst is None or src is None or dst.dtype != src.dtype or dst.shape != src.shape:
+        dst, src = P[(Ellipsis,) + region], Q[(Ellipsis,) + source]
+    return lambda: numpy.copyto(dst, src)
+
+
+def unpacker(P, region, packed):
+    """A function that copies the contiguous block ``packed`` into ``P[region]``, planned once."""
+    runs = _runs(P, region)
+    if runs is None or not packed.flags.c_contiguous:
+        dst, src = P[(Ellipsis,) + region], packed
+    else:
+        dst, src = runs, packed.reshape(-1).view(numpy.dtype((numpy.void, runs.dtype.itemsize))).reshape(runs.shape)
+    return lambda: numpy.copyto(dst, src)
+
+
+def add_between(P, region, Q, source, workspace):
+    """``P[region] += Q[source]`` (``Q``: another rank's tile, read only), through a contiguous copy of the runs.
+
+    Element by element, the same sums as :func:`add_runs` on a packed copy
+    of ``Q[source]``: the result is bitwise the message path's.
+    """
+    runs = _runs(P, region)
+    if runs is None or runs.dtype.itemsize > 256:  # long runs: added at full speed in place, one pass
+        target = P[(Ellipsis,) + region]
+        numpy.add(target, Q[(Ellipsis,) + source], out=target)
+        return
+    rows, cols = source
+    shape = Q.shape[:-2] + (rows.stop - rows.start, cols.stop - cols.start)
+    packed = workspace.scratch("add-between", Q, math.prod(shape)).reshape(shape)
+    copy_runs(packed, Q, source)
+    add_runs(P, packed, region, workspace)

@@ -1,8 +1,10 @@
-"""The rows past the poles of a halo exchange with ``poles="across"``: the field continued half way round.
+"""What lies past the poles: the boundaries of a halo exchange, one class each.
 
-The halo row at distance ``k`` past a pole mirrors the row at the same
-colatitude distance inside it, at the opposite longitude (``+ 180``
-degrees), times a sign per field. Which rows those are comes from the
+:class:`ZeroPoles` (``poles="zero"``, the default) leaves zeros there.
+:class:`AcrossPoles` (``poles="across"``) continues the field: the halo
+row at distance ``k`` past a pole mirrors the row at the same colatitude
+distance inside it, at the opposite longitude (``+ 180`` degrees), times a
+sign per field. Which rows those are comes from the
 grid's latitudes: on a grid whose outermost rows are the poles (equiangular,
 Lobatto) the pole row itself is not repeated. The rows belong to the ranks
 of the first (last) polar row that hold the opposite longitudes: those
@@ -19,13 +21,45 @@ from ..operators import ADJOINT, FORWARD
 from ..primitives import GatherFromCopyTo
 from ..quadrature import latitudes, rule
 
-__all__ = ["PoleCrossing"]
+__all__ = ["ZeroPoles", "AcrossPoles"]
 
 _POLE_TOLERANCE = 1e-12  # a colatitude this close to 0 or pi is a pole row
 
 
-class PoleCrossing:
-    """The across-the-poles part of one :class:`~mpisphere.HaloExchange`: checks, indices, forward and adjoint.
+class ZeroPoles:
+    """Zeros past the poles: the halo rows of the first and last polar ranks are zeroed, and dropped going home.
+
+    A boundary has ``collective`` (whether a call must agree over the whole
+    grid before it runs: it communicates beyond the four neighbours),
+    :meth:`check` (this rank's input), :meth:`fill` (after the neighbours'
+    phases of a gathering call) and :meth:`give_back` (before those of an
+    accumulating call).
+    """
+
+    collective = False
+    quadrature = None
+
+    def __init__(self, grid, rows):
+        self.rows = rows
+        self.north = rows > 0 and grid.polar_rank == 0
+        self.south = rows > 0 and grid.polar_rank == grid.npolar - 1
+
+    def check(self, shape):
+        return None
+
+    def fill(self, P, h, w, context):
+        """Zero the halo rows past a pole."""
+        if self.north:
+            P[..., 0:self.rows, :] = 0
+        if self.south:
+            P[..., self.rows + h:, :] = 0
+
+    def give_back(self, P, h, w, context):
+        """Nothing goes home from past a pole (the halo is zeroed at the end of the call)."""
+
+
+class AcrossPoles:
+    """The field continued across the poles: checks, indices, fill and give back (its adjoint).
 
     Parameters
     ----------
@@ -44,8 +78,12 @@ class PoleCrossing:
     Notes
     -----
     Built identically on every rank (no message). ``active`` is False for
-    an exchange of zero rows: nothing lies past the poles to fill.
+    an exchange of zero rows: nothing lies past the poles to fill. Its
+    calls gather over ``grid.azimuth``, so they agree over the whole grid
+    first (``collective``).
     """
+
+    collective = True
 
     def __init__(self, grid, rows, cols, extents, quadrature, signs, who):
         if extents is None:
@@ -104,7 +142,14 @@ class PoleCrossing:
         xp = backend.array_module(P)
         return xp.asarray(self.signs, dtype=P.dtype).reshape(-1, 1, 1)
 
-    def forward(self, P, h, w, context):
+    def check(self, shape):
+        """Why an input of ``shape`` cannot cross the poles (one sign per field on axis -3), or None."""
+        if self.signs is not None and (len(shape) < 3 or shape[-3] != self.signs.size):
+            return (f"signs has {self.signs.size} entries, one per field on axis -3, but the input has "
+                    f"shape {shape}")
+        return None
+
+    def fill(self, P, h, w, context):
         """Fill the rows past the poles from the rows nearest them, half way round (after the neighbours' phase)."""
         poles = self.pole_rows(h) if self.active else None
         if not poles:
@@ -119,8 +164,8 @@ class PoleCrossing:
             # halo row i lies as far past the pole as row r - 1 - i of the band lies inside it
             P[..., halo, :] = signs * xp.take(whole[..., k, ::-1, :], opposite, axis=-1)
 
-    def adjoint(self, P, h, w, context):
-        """The adjoint of :meth:`forward`: the rows past the poles go home and are added; zeroed."""
+    def give_back(self, P, h, w, context):
+        """The adjoint of :meth:`fill`: the rows past the poles go home and are added; zeroed."""
         poles = self.pole_rows(h) if self.active else None
         if not poles:
             return

@@ -135,6 +135,10 @@ class LinearOperator(Described):
     def _output(self, direction, spec):
         raise NotImplementedError
 
+    def _output_in_place(self, direction, spec):
+        """``(spec, description)`` of an in-place call's result: operators that have in-place calls define it."""
+        raise NotImplementedError
+
     def _describe(self):
         """What identifies this operator across ranks: every constructor argument (see ``Described``)."""
         return description_of(self)
@@ -176,7 +180,9 @@ class LinearOperator(Described):
         ``label`` names the call in messages and in the agreement when it is
         not the plain direction (``start_forward``, ``update``); ``runner``
         does the work instead of :meth:`_run`; ``in_place`` calls write into
-        ``x`` and return it.
+        ``x`` and return it (their result is described by
+        :meth:`_output_in_place`, and ``_reserve`` and ``_run`` get ``out is
+        x``).
         """
         self._layouts()
         if self._simple():
@@ -190,7 +196,7 @@ class LinearOperator(Described):
         error, spec, result, description = None, None, None, "(input not understood)"
         try:
             spec = Spec.of(x)
-            result, description = self._output(label if in_place else direction, spec)
+            result, description = (self._output_in_place if in_place else self._output)(direction, spec)
             if in_place:
                 if not backend.is_writeable(x):
                     raise InputError(f"the array is read-only; {label} writes into it")
@@ -204,7 +210,7 @@ class LinearOperator(Described):
                     out = x
                 elif out is None:
                     out = _allocate(result, x)
-                self._reserve(label if in_place else direction, x, out)
+                self._reserve(direction, x, out)
             except Exception as exc:  # noqa: BLE001 -- MemoryError, cupy's OutOfMemoryError, ...
                 error = InputError.from_exception(exc, f"allocating the buffers of this call ({result.describe()})")
         signature = f"{self._describe()} {label}"
@@ -214,7 +220,7 @@ class LinearOperator(Described):
         try:
             context = self._agreement(comm, who, error, description, spec, signature)
             try:
-                (runner or self._run)(label if in_place else direction, x, out, context)
+                (runner or self._run)(direction, x, out, context)
             except InputError as exc:  # a finding is raised as the exception it names, never as itself
                 raise exc.kind(f"{who}: {exc.text}") from None
             return out

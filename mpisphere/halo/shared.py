@@ -1,0 +1,184 @@
+"""Tiles in memory shared by the ranks of a node (MPI-3 windows), and the acknowledgements of their reads.
+
+A grid's :class:`NodeMemory` is made by the first allocation from a halo
+(:meth:`~mpisphere.HaloExchange.zeros`, collective over ``grid.cart``) and
+freed with the grid. It holds:
+
+* the node communicator (``MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)`` of
+  ``grid.cart``) and which grid ranks share this node;
+* one window per allocation (``MPI_Win_allocate_shared``, every rank of the
+  node its own segment, page aligned): this rank's padded tile is a NumPy
+  array on its segment, and the neighbours' tiles of the same allocation are
+  NumPy arrays on theirs (``MPI_Win_shared_query``); behind the tile, room
+  for the blocks its owner packs for the neighbours (the thin column blocks,
+  which read better contiguous than straight from another core's tile);
+* a control window: a counter per message tag in each rank's segment,
+  where the neighbour that read a block writes the number of the call it
+  read it in.
+
+Ordering. A rank whose block is read by a neighbour sends the header of
+that message as on the message path, without the data; the neighbour
+copies (or adds) the block straight from this rank's tile (or from where
+this rank packed it), then writes the call number into this rank's counter
+for that tag. A rank leaves a call
+only when every block it left in shared memory has been acknowledged, so it
+cannot change its tile while a neighbour still reads it. ``MPI_Win_sync``
+(a memory barrier inside the windows' shared lock epochs) orders the writes
+before the header or the acknowledgement that announces them.
+"""
+
+import math
+import os
+
+import numpy
+
+from .. import collectives
+from ..agreement.stall import Watch
+
+__all__ = ["NodeMemory", "SharedArray"]
+
+_SLOT = 64  # bytes: one cache line per acknowledgement counter (no false sharing between writers)
+_TAG_SLOTS = {11: 0, 12: 1, 13: 2, 14: 3}  # message tag -> counter
+
+
+def _aligned(nbytes):
+    return -(-int(nbytes) // _SLOT) * _SLOT
+
+
+class SharedArray:
+    """One allocation: its window, its serial number on the grid, and this rank's array on it."""
+
+    __slots__ = ("serial", "window", "array", "staging", "theirs", "copies")
+
+    def __init__(self, serial, window, array, staging):
+        self.serial, self.window, self.array = serial, window, array
+        self.staging = staging  # tag -> (byte offset in this rank's segment, the block there as an array)
+        self.theirs = {}    # (cart rank, offset, shape, dtype) -> that part of its segment as an array
+        self.copies = {}    # the copies from the neighbours' arrays into this one, planned once (HaloExchange)
+
+
+class NodeMemory:
+    """The shared-memory tiles of one grid on this node.
+
+    Parameters
+    ----------
+    cart : mpi4py.MPI.Cartcomm
+        ``grid.cart``. Construction is collective over it.
+
+    Notes
+    -----
+    Arrays from :meth:`allocate` live until :meth:`free` (``grid.free()``);
+    using one after that reads memory that is gone.
+    """
+
+    def __init__(self, cart):
+        self.node = collectives.split_shared(cart)
+        self._node_rank = {c: i for i, c in enumerate(collectives.ranks_in(self.node, cart))}
+        self.comm = cart
+        self.records = []
+        self._by_id = {}
+        self.sequence = 0
+        self.control = collectives.allocate_shared(_SLOT * len(_TAG_SLOTS), self.node)
+        self.acks = collectives.shared_segment(self.control, self.node.Get_rank()).view(numpy.int64).reshape(
+            len(_TAG_SLOTS), -1)
+        self.acks[...] = 0
+        self._their_acks = {}
+        self.freed = False
+
+    def on_node(self, cart_rank):
+        """Whether grid rank ``cart_rank`` shares this node's memory."""
+        return cart_rank in self._node_rank
+
+    def allocate(self, shape, dtype, staging=()):
+        """A new window with this rank's ``shape`` array of ``dtype`` on it (collective over the node).
+
+        ``staging``: ``[(tag, block shape)]`` of the blocks this rank packs
+        for its neighbours, placed behind the array (64-byte aligned).
+        """
+        dtype = numpy.dtype(dtype)
+        offsets, end = [], _aligned(math.prod(shape) * dtype.itemsize)
+        for tag, block in staging:
+            offsets.append((tag, block, end))
+            end = _aligned(end + math.prod(block) * dtype.itemsize)
+        window = collectives.allocate_shared(end, self.node)
+        segment = collectives.shared_segment(window, self.node.Get_rank())
+        array = segment[:math.prod(shape) * dtype.itemsize].view(dtype).reshape(shape)
+        blocks = {tag: (offset, segment[offset:offset + math.prod(block) * dtype.itemsize].view(dtype).reshape(block))
+                  for tag, block, offset in offsets}
+        record = SharedArray(len(self.records), window, array, blocks)
+        self.records.append(record)
+        self._by_id[id(array)] = record
+        return record
+
+    def find(self, P):
+        """The allocation whose array ``P`` is (the array itself, not a view of it), or ``None``."""
+        record = self._by_id.get(id(P))
+        return record if record is not None and record.array is P else None
+
+    def view(self, serial, cart_rank, shape, dtype=None, offset=0):
+        """Rank ``cart_rank``'s memory of allocation ``serial`` from byte ``offset`` as an array of ``shape``.
+
+        Its tile at offset 0, a block it packed at the offset it sent;
+        ``None`` when that lies outside its segment.
+        """
+        if not 0 <= serial < len(self.records) or cart_rank not in self._node_rank or offset < 0:
+            return None
+        record = self.records[serial]
+        dtype = record.array.dtype if dtype is None else numpy.dtype(dtype)
+        key = (cart_rank, offset, tuple(shape), dtype.str)
+        found = record.theirs.get(key)
+        if found is None:
+            segment = collectives.shared_segment(record.window, self._node_rank[cart_rank])
+            nbytes = math.prod(shape) * dtype.itemsize
+            if offset + nbytes > segment.size or offset % dtype.alignment:
+                return None
+            found = record.theirs[key] = segment[offset:offset + nbytes].view(dtype).reshape(shape)
+        return found
+
+    def publish(self, record):
+        """Number this rank's next call that leaves data in ``record``'s window."""
+        self.sequence += 1
+        return self.sequence
+
+    def read_barrier(self, serial):
+        """Before reading a neighbour's block of allocation ``serial``: a memory barrier."""
+        collectives.window_sync(self.records[serial].window)
+
+    def acknowledge(self, owner, tag, sequence):
+        """Tell ``owner`` that this rank has read (or dropped) its block of ``tag`` in call ``sequence``."""
+        counters = self._their_acks.get(owner)
+        if counters is None:
+            segment = collectives.shared_segment(self.control, self._node_rank[owner])
+            counters = self._their_acks[owner] = segment.view(numpy.int64).reshape(len(_TAG_SLOTS), -1)
+        collectives.window_sync(self.control)  # the reads of the block before the counter
+        counters[_TAG_SLOTS[tag], 0] = sequence
+        collectives.window_sync(self.control)
+
+    def await_acknowledgements(self, published, sequence, who):
+        """Wait until every ``(dest, tag)`` in ``published`` has acknowledged call ``sequence``."""
+        slots = [(dest, _TAG_SLOTS[tag]) for dest, tag in published]
+        watch = None
+        while True:
+            collectives.window_sync(self.control)
+            waiting = [dest for dest, slot in slots if self.acks[slot, 0] != sequence]
+            if not waiting:
+                return
+            if watch is None:
+                watch = Watch(self.comm, who)
+                os.sched_yield()
+                continue
+            watch.idle(set(waiting), {dest for dest, _ in slots} - set(waiting))
+
+    def free(self):
+        """Free every window and the node communicator (collective over ``grid.cart``)."""
+        if self.freed:
+            return
+        self.freed = True
+        for record in self.records:
+            collectives.free_window(record.window)
+        collectives.free_window(self.control)
+        collectives.free_comm(self.node)
+        for record in self.records:
+            record.theirs.clear()
+            record.copies.clear()
+        self.records, self._by_id, self._their_acks = [], {}, {}
