@@ -31,11 +31,12 @@ class _TransposePlan:
     two exchanges in flight never share memory.
     """
 
-    def __init__(self, op, shape, dtype, s, g, n_split, n_gather):
+    def __init__(self, op, shape, dtype, s, g, s_sizes, g_sizes):
         size, rank = op.size, op.rank
         self.size, self.rank, self.s, self.g = size, rank, s, g
         self.dtype = dtype
-        self.s_sizes, self.g_sizes = split_sizes(n_split, size), split_sizes(n_gather, size)
+        self.s_sizes, self.g_sizes = list(s_sizes), list(g_sizes)
+        n_split, n_gather = sum(s_sizes), sum(g_sizes)
         self.s_offs, self.g_offs = offsets_of(self.s_sizes), offsets_of(self.g_sizes)
         out_shape = list(shape)
         out_shape[s] = self.s_sizes[rank]
@@ -150,8 +151,11 @@ class Transpose(CommunicatorOperator):
         ``(a, b)``: the input is whole along ``a`` and split along ``b``; the
         output is split along ``a`` and whole along ``b``. Negative axes count
         from the end, so the same operator serves any number of leading axes.
-    extents : (int, int)
-        ``(na, nb)``, the global extents along ``a`` and ``b``.
+    extents : (int or sequence of int, int or sequence of int)
+        ``(na, nb)``, the global extents along ``a`` and ``b``, each split by
+        :func:`~mpisphere.split_sizes`; or, for an axis split otherwise (the
+        rings of a reduced grid, balanced by points), the sizes of every
+        rank's chunk along it (``comm.size`` entries, each at least 1).
 
     Notes
     -----
@@ -184,11 +188,26 @@ class Transpose(CommunicatorOperator):
         if a == b:
             raise ValueError(f"Transpose: axes must differ, got axes=({a}, {b})")
         self.axes = (a, b)
-        self.extents = (self._extent(na, "extents[0]"), self._extent(nb, "extents[1]"))
+        self.sizes = (self._chunks(na, "extents[0]"), self._chunks(nb, "extents[1]"))
+        self.extents = tuple(sum(sizes) for sizes in self.sizes)
         self.domain = Layout(DISTRIBUTED, comm)
         self.range = Layout(DISTRIBUTED, comm)
         self._plans = backend.BoundedCache(8)
         self._dropped = []
+
+    def _chunks(self, extent, what):
+        """Every rank's chunk along an axis: of an extent (balanced) or as given."""
+        if not numpy.iterable(extent):  # one extent, split evenly (check_int refuses anything else)
+            return tuple(split_sizes(self._extent(extent, what), self.size))
+        try:
+            sizes = tuple(check_int(v, what, self.name, minimum=1) for v in extent)
+        except TypeError:
+            raise TypeError(f"Transpose: {what} takes an extent or one chunk size per rank, got {extent!r}") \
+                from None
+        if len(sizes) != self.size:
+            raise ValueError(f"Transpose: {what} gives {len(sizes)} chunk sizes for a communicator of {self.size} "
+                             "ranks")
+        return sizes
 
     @property
     def is_identity(self):
@@ -196,37 +215,38 @@ class Transpose(CommunicatorOperator):
         return self.size == 1
 
     def _roles(self, direction):
-        """``(split axis, gather axis), (n_split, n_gather)`` of the input in ``direction``."""
+        """``(split axis, gather axis), (split chunks, gather chunks)`` of the input in ``direction``."""
         if direction == FORWARD:
-            return self.axes, self.extents
-        return self.axes[::-1], self.extents[::-1]
+            return self.axes, self.sizes
+        return self.axes[::-1], self.sizes[::-1]
 
     def _output(self, direction, spec):
         if self._dropped:
             raise InputError(f"{self._dropped[0]} on this operator was dropped without wait(); its buffers may "
                              "still be written by MPI. Call wait() on every Exchange", RuntimeError)
         check_moved_dtype(spec)
-        (split_axis, gather_axis), (n_split, n_gather) = self._roles(direction)
+        (split_axis, gather_axis), (s_sizes, g_sizes) = self._roles(direction)
+        n_split, n_gather = sum(s_sizes), sum(g_sizes)
         s, g = check_axis(spec, split_axis), check_axis(spec, gather_axis)
         if s == g:
             raise InputError(f"axes {self.axes} name the same axis of an array with {len(spec.shape)} dimensions")
-        want_g = split_sizes(n_gather, self.size)[self.rank]
+        want_g = g_sizes[self.rank]
         if spec.shape[s] != n_split or spec.shape[g] != want_g:
             raise InputError(
                 f"expected {n_split} entries along axis {split_axis} (whole) and {want_g} along axis "
                 f"{gather_axis} (chunk {self.rank} of {n_gather} split over {self.size} ranks), "
                 f"got input shape {spec.shape}")
         shape = list(spec.shape)
-        shape[s] = split_sizes(n_split, self.size)[self.rank]
+        shape[s] = s_sizes[self.rank]
         shape[g] = n_gather
         return spec.but(shape=shape), spec.describe((g,))
 
     def _shapes(self, lead):
-        (a, b), (na, nb) = self.axes, self.extents
+        (a, b), (na, nb), (sa, sb) = self.axes, self.extents, self.sizes
         a, b = a % len(lead), b % len(lead)
         domain, range_ = list(lead), list(lead)
-        domain[a], domain[b] = na, split_sizes(nb, self.size)[self.rank]
-        range_[a], range_[b] = split_sizes(na, self.size)[self.rank], nb
+        domain[a], domain[b] = na, sb[self.rank]
+        range_[a], range_[b] = sa[self.rank], nb
         return tuple(domain), tuple(range_)
 
     def abilities(self, direction):
@@ -235,11 +255,11 @@ class Transpose(CommunicatorOperator):
         return Abilities(start=lambda x, out, context: self._begin(direction, x, out, context, f"start_{direction}"))
 
     def _plan(self, direction, x):
-        (split_axis, gather_axis), (n_split, n_gather) = self._roles(direction)
+        (split_axis, gather_axis), (s_sizes, g_sizes) = self._roles(direction)
         key = (direction, tuple(x.shape), x.dtype.str, backend.is_device_array(x))
         return self._plans.get(key, lambda: _TransposePlan(self, tuple(x.shape), numpy.dtype(x.dtype),
-                                                           split_axis % x.ndim, gather_axis % x.ndim, n_split,
-                                                           n_gather))
+                                                           split_axis % x.ndim, gather_axis % x.ndim, s_sizes,
+                                                           g_sizes))
 
     def _reserve(self, direction, x, out):
         if self.size > 1 and not backend.is_device_array(x):  # (device sets differ when staged: made in the call)

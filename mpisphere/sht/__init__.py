@@ -11,6 +11,8 @@ module                  owns
 ``legendre_stage``      the Legendre contraction as a stage
 ``coupling``            the vector transforms' degree coupling as a stage
 ``transforms``          the public transforms, each a pipeline of stages
+``ring_fourier``        the Fourier stage of ring grids (whole rings, one FFT per length)
+``reduced``             the transforms on ring grids (octahedral, reduced Gaussian)
 ``calculus``            spectral operators on coefficient blocks (Laplacian, winds, ...)
 ======================  =========================================================
 """
@@ -18,6 +20,9 @@ module                  owns
 from . import calculus
 from .transforms import DistributedInverseRealSHT, DistributedRealSHT
 from .vector import DistributedInverseRealVectorSHT, DistributedRealVectorSHT
+from .reduced import (DistributedInverseReducedRealSHT, DistributedInverseReducedRealVectorSHT,
+                      DistributedReducedRealSHT, DistributedReducedRealVectorSHT)
 
 __all__ = ["calculus", "DistributedRealSHT", "DistributedInverseRealSHT", "DistributedRealVectorSHT",
-           "DistributedInverseRealVectorSHT"]
+           "DistributedInverseRealVectorSHT", "DistributedReducedRealSHT", "DistributedInverseReducedRealSHT",
+           "DistributedReducedRealVectorSHT", "DistributedInverseReducedRealVectorSHT"]

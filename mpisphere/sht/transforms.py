@@ -161,7 +161,7 @@ class Transform(LinearOperator):
                                  f"split {name}={extent} (each needs at least one); use at most {extent} {axis} ranks")
         self.orders = check_choice(orders, ORDER_LAYOUTS, "orders", who)
         self._assignment = order_assignment(self.mmax, self.lmax, grid.nazimuth, orders)
-        self.theta, self.weights = latitudes(self.nlat, self.quadrature)
+        self.theta, self.weights = self._latitudes()
         self._auto = legendre == "auto"
         self.legendre, self.legendre_reason = self._resolve_legendre(legendre, max_table_bytes)
         self.machine = MachineModel.load() if self._auto else None
@@ -169,7 +169,7 @@ class Transform(LinearOperator):
         if self._auto and len(costs.batch_candidates(self.legendre, table_free=ducc0_available())) > 1:
             self.legendre_reason += ("; per batch of host arrays, 'table-free' instead where the cost model "
                                      "gives it the shorter Legendre step (few fields: see legendre_for)")
-        self.tile_shape = grid.local_shape(self.nlat, self.nlon)
+        self.tile_shape = self._tile_shape()
         self.block_shape = (split_sizes(self.lmax, grid.npolar)[grid.polar_rank],
                             len(self._assignment[grid.azimuth_rank]))
         # coefficient blocks carry their order layout: a composition of transforms with different layouts
@@ -189,6 +189,18 @@ class Transform(LinearOperator):
         self._pipelines = backend.BoundedCache(4)
         self._scratch = backend.Workspace()
         self._second_scratch = backend.Workspace()
+
+    def _latitudes(self):
+        """``(theta, weights)`` of every latitude (ring), north pole first."""
+        return latitudes(self.nlat, self.quadrature)
+
+    def _latitude_key(self):
+        """What identifies the latitudes in the grid's table cache."""
+        return self.quadrature
+
+    def _tile_shape(self):
+        """The grid side of this rank's data: ``(h, w)``."""
+        return self.grid.local_shape(self.nlat, self.nlon)
 
     def _resolve_legendre(self, legendre, budget):
         """The strategy whose tables this transform holds (``legendre``, or what ``"auto"`` picks) and why."""
@@ -350,24 +362,26 @@ class Transform(LinearOperator):
                              f"the CPU), got a device (CuPy) array; {how}", TypeError)
         lead = spec.shape[:len(spec.shape) - len(core)]
         result = spec.but(shape=lead + self._core(side_out), dtype=self.dtype if side_out == "grid" else self.cdtype)
-        return result, spec.describe(range(len(spec.shape) - 2, len(spec.shape)))
+        return result, spec.describe(range(len(spec.shape) - len(core) + (self._components > 1), len(spec.shape)))
 
     # --- running ------------------------------------------------------------------------------
 
     def _run(self, direction, x, out, context):
-        core = len(self._core("grid"))
-        lead = x.shape[:x.ndim - core]
+        side_in, side_out = self._sides() if direction == FORWARD else self._sides()[::-1]
+        core_in, core_out = len(self._core(side_in)), len(self._core(side_out))
+        lead = x.shape[:x.ndim - core_in]
         batch = math.prod(lead)
         padded = max(batch, self.grid.npolar, self.grid.nazimuth)  # the transposes split the batch
         c = self._components
+        tail = x.shape[x.ndim - core_in + (c > 1):]
         if padded == batch and x.flags.c_contiguous:
-            xb = x.reshape((batch, c) + x.shape[x.ndim - 2:])
+            xb = x.reshape((batch, c) + tail)
         else:
-            xb = self._scratch.scratch("in", x, padded * c * math.prod(x.shape[x.ndim - 2:]))
-            xb = xb.reshape((padded, c) + x.shape[x.ndim - 2:])
-            xb[:batch] = x.reshape((batch, c) + x.shape[x.ndim - 2:])
+            xb = self._scratch.scratch("in", x, padded * c * math.prod(tail))
+            xb = xb.reshape((padded, c) + tail)
+            xb[:batch] = x.reshape((batch, c) + tail)
             xb[batch:] = 0
-        target_tail = out.shape[out.ndim - 2:]
+        target_tail = out.shape[out.ndim - core_out + (c > 1):]
         direct = padded == batch and out.flags.c_contiguous
         if direct:
             target = out.reshape((batch, c) + target_tail)
@@ -408,7 +422,7 @@ class Transform(LinearOperator):
         The cache holds them weakly: they are freed with the last transform that uses them.
         """
         cache = self.grid.table_cache
-        key = (key, self.legendre, self.lmax, tuple(self.local_orders.tolist()), self.nlat, self.quadrature,
+        key = (key, self.legendre, self.lmax, tuple(self.local_orders.tolist()), self.nlat, self._latitude_key(),
                self.csphase, self.dtype.str)
         tables = cache.get(key)
         if tables is None:

@@ -1,0 +1,160 @@
+"""Distributed transforms on ring grids (octahedral and classic reduced Gaussian grids), with exact adjoints.
+
+The fields are this rank's points ``(..., npoints)`` (vector fields ``(...,
+2, npoints)``) of a :class:`~mpisphere.RingGeometry` spread by
+:class:`~mpisphere.RingTiles`; the coefficients are the blocks of the
+regular transforms, ``(..., l_loc, m_loc)``, degrees over ``grid.polar``
+and orders over ``grid.azimuth`` in either order layout. The stages:
+
+    analysis                                   synthesis
+    1. RingFourier: whole rings over the       1. degrees whole (polar transpose or Allgatherv)
+       azimuth ranks, one FFT per ring length,  2. Legendre synthesis at the rings' latitudes
+       each order from the frequency it         3. latitudes split (polar transpose)
+       aliases to (mmax orders)                 4. orders whole (azimuth transpose)
+    2. orders split (azimuth transpose)         5. RingFourier: each order onto the frequency
+    3. rings whole (polar transpose, the           it aliases to, one inverse FFT per length,
+       ranks' rings as they hold them)             points back to their azimuth ranks
+    4. Legendre contraction (weights 2 pi w_j)
+    5. degrees split (polar transpose or Reduce_scatter)
+
+Steps 2-5 are the regular transform's, the three Legendre strategies
+included; only the latitudes (the rings'), their split over the polar ranks
+(balanced by points) and the Fourier step differ. The analysis weighs ring
+``j`` by ``2 pi w_j / nlon_j`` (the quadrature weight of each of its
+points); orders a ring cannot resolve alias onto the frequencies it holds
+(:mod:`mpisphere.sht.ring_fourier` says why), so the synthesis gives the
+band-limited field's values at the points and the analysis is its weighted
+adjoint, as ducc0's ``synthesis``/``adjoint_synthesis`` with the same
+geometry.
+"""
+
+import numpy
+
+from ..operators import Spec
+from ..primitives import ReduceScatter
+from ..ring_tiles import RingTiles
+from ..rings import RingGeometry
+from ..transpose import Transpose
+from .fourier import Truncation
+from .orders import order_permutation
+from .pipeline import Pipeline
+from .ring_fourier import RingFourier
+from .transforms import Transform
+from .vector import DistributedInverseRealVectorSHT, DistributedRealVectorSHT
+
+__all__ = ["DistributedReducedRealSHT", "DistributedInverseReducedRealSHT", "DistributedReducedRealVectorSHT",
+           "DistributedInverseReducedRealVectorSHT"]
+
+
+class _OnRings(Transform):
+    """What a transform on rings changes of its regular base: latitudes, its points, the Fourier stage."""
+
+    def __init__(self, grid, rings, lmax=None, mmax=None, norm="ortho", csphase=True, dtype=numpy.float64, *,
+                 contraction="auto", orders="contiguous", fft="auto", legendre="auto", max_table_bytes=None,
+                 overlap=False):
+        if not isinstance(rings, RingGeometry):
+            raise TypeError(f"{self.name}: rings must be a RingGeometry (e.g. RingGeometry.octahedral(32)), got "
+                            f"{type(rings).__name__}")
+        self.rings = rings
+        try:
+            self.tiles = RingTiles(grid, rings)
+        except ValueError as exc:
+            raise ValueError(f"{self.name}: {str(exc).removeprefix('RingTiles: ')}") from None
+        lmax = rings.lmax if lmax is None else lmax
+        super().__init__(grid, rings.nrings, int(rings.nlon.max()), lmax, lmax if mmax is None else mmax,
+                         "legendre-gauss", norm, csphase, dtype, contraction=contraction, orders=orders, fft=fft,
+                         legendre=legendre, max_table_bytes=max_table_bytes, overlap=overlap)
+
+    def _latitudes(self):
+        return self.rings.theta, self.rings.weights
+
+    def _latitude_key(self):
+        return repr(self.rings)
+
+    def _tile_shape(self):
+        return (self.tiles.npoints,)
+
+    def _own_latitudes(self):
+        rings = self.tiles.local_rings
+        return slice(int(rings[0]), int(rings[-1]) + 1)
+
+    @property
+    def local_colatitudes(self):
+        """Colatitude (radians) of each of this rank's points, ``(npoints,)``."""
+        return self.tiles.colatitudes
+
+    @property
+    def local_longitudes(self):
+        """Longitude (radians) of each of this rank's points, ``(npoints,)``."""
+        return self.tiles.longitudes
+
+    def _build_pipeline(self, batch, workspace, record):
+        g = self.grid
+        tables = self.tables if record.name == self.legendre else None
+        legendre = record.stage(self._legendre_request(), tables)
+        fourier = RingFourier(self.tiles, batch, self._components, self.mmax, self.dtype, self._synthesis,
+                              self._layout, self.fft)
+        permutation = order_permutation(self._assignment)
+        reorder = [] if numpy.array_equal(permutation, numpy.arange(self.mmax)) else \
+            [Truncation(self.mmax, self.mmax, self._layout, permutation)]
+        orders = Transpose(g.azimuth, axes=(3, 0), extents=(self.mmax, batch))
+        polar = []
+        if record.polar_transposes:
+            polar = [Transpose(g.polar, axes=(0, 2), extents=(batch, tuple(self.tiles.ring_counts)))]
+            degrees = Transpose(g.polar, axes=(2, 0), extents=(self.lmax, batch))
+        else:
+            degrees = ReduceScatter(g.polar, 2, self.lmax)
+        extra = self._degree_stages()
+        if not self._synthesis:
+            stages = [fourier, *reorder, orders, *polar, legendre, *extra, degrees]
+            spec = Spec((batch, self._components) + self.tile_shape, self.dtype, False)
+        else:
+            stages = [degrees.H, *extra, legendre.H, *[t.H for t in polar], orders.H, *[r.H for r in reorder],
+                      fourier]
+            spec = Spec((batch, self._components) + self.block_shape, self.cdtype, False)
+        return Pipeline(stages, spec, workspace)
+
+
+_RING_NOTES = """
+    Parameters
+    ----------
+    grid : ProcessGrid
+    rings : RingGeometry
+        The grid's rings (:meth:`RingGeometry.octahedral`,
+        :meth:`RingGeometry.reduced_gaussian`, :meth:`RingGeometry.regular`).
+    lmax, mmax : int, optional
+        Degrees and orders kept (default ``rings.lmax`` for both; triangular:
+        both become ``min(lmax, mmax)``).
+    norm, csphase, dtype, contraction, orders, fft, legendre, max_table_bytes, overlap
+        As for :class:`DistributedRealSHT`.
+
+    Notes
+    -----
+    Points ``(..., npoints)`` (this rank's, :attr:`tiles` says which)
+    {vector}and coefficient blocks ``(..., l_loc, m_loc)`` as the regular
+    transforms'. See :mod:`mpisphere.sht.reduced`.
+"""
+
+
+class DistributedReducedRealSHT(_OnRings):
+    __doc__ = "Forward real SHT of this rank's points of a ring grid (octahedral, reduced Gaussian, regular).\n" + \
+        _RING_NOTES.format(vector="")
+    _table_kind = "analysis"
+
+
+class DistributedInverseReducedRealSHT(_OnRings):
+    __doc__ = "Inverse real SHT: coefficient blocks to this rank's points of a ring grid.\n" + \
+        _RING_NOTES.format(vector="")
+    _synthesis = True
+    _table_kind = "synthesis"
+
+
+class DistributedReducedRealVectorSHT(_OnRings, DistributedRealVectorSHT):
+    __doc__ = "Forward vector SHT of this rank's points of a ring grid, ``(..., 2, npoints)``.\n" + \
+        _RING_NOTES.format(vector="(vector fields ``(..., 2, npoints)``, coefficients ``(..., 2, l_loc, m_loc)``) ")
+
+
+class DistributedInverseReducedRealVectorSHT(_OnRings, DistributedInverseRealVectorSHT):
+    __doc__ = "Inverse vector SHT: coefficient blocks to this rank's points of a ring grid, ``(..., 2, npoints)``.\n" \
+        + _RING_NOTES.format(vector="(vector fields ``(..., 2, npoints)``, coefficients ``(..., 2, l_loc, m_loc)``) ")
+

@@ -1,0 +1,301 @@
+"""The Fourier side of a transform on a ring grid: whole rings from the azimuth ranks, one real FFT per ring length.
+
+:class:`RingFourier` replaces the first three stages of a regular
+transform's analysis (azimuth transpose, real FFT, truncation) and the last
+three of its synthesis. Its analysis ``forward`` maps this rank's points
+``(B, C, npoints)`` (its share of each of its rings) to the orders of its
+rings for its share of the batch, ``(B_a, C, h, mmax)``, complex:
+
+1. an ``Alltoallv`` over ``grid.azimuth`` (per-ring counts: each rank sends
+   a chunk of the batch of all its points) gives every rank whole rings;
+2. the rings of equal length are taken together, one batched real FFT per
+   length (``rfft / nlon_j``);
+3. each order ``m < mmax`` reads the frequency it aliases to on a ring of
+   ``n`` points: ``m mod n``, or the conjugate of ``n - (m mod n)`` past the
+   ring's Nyquist frequency, times ``exp(-i m phi0_j)``.
+
+The synthesis ``forward`` is the reverse: each order's term
+``c exp(i m phi) + conj`` is added onto the frequency it aliases to (twice
+onto the real frequencies 0 and ``n / 2``), so the ring holds the exact
+values of the band-limited field at its points, as ducc0's synthesis does;
+then one unnormalised inverse FFT per length and the reverse
+``Alltoallv``. Both adjoints are the steps' adjoints in reverse.
+
+Why aliasing rather than zeroing the orders a ring cannot resolve: the
+synthesis must give the field's values at the points (zeroing them would
+give another field, off by the dropped terms wherever they are not
+negligible), and the analysis is then the exact quadrature
+``sum_j 2 pi w_j / nlon_j sum_k x_jk conj(Y_lm)``, the weighted adjoint of
+that synthesis. On grids built for their truncation (octahedral, classic
+reduced) the aliased terms are small: the polar rings are short where
+``P_l^m`` is tiny.
+"""
+
+import numpy
+
+from .. import backend, collectives, dtypes
+from ..operators import FORWARD, InputError
+from ..partition import offsets_of, split_offsets, split_sizes
+from .fourier import FourierStage
+from .pipeline import LocalStage
+
+__all__ = ["RingFourier", "alias_segments"]
+
+
+def alias_segments(n, mmax):
+    """How orders ``0 .. mmax - 1`` land on the ``n // 2 + 1`` frequencies of a real ring of ``n`` points.
+
+    Returns
+    -------
+    list of ``(m0, m1, q0, step)``
+        Orders ``m0 .. m1 - 1`` land on frequencies ``q0, q0 + step, ...``;
+        ``step = -1`` marks the conjugated runs (past the ring's Nyquist
+        frequency, ``q = n - (m mod n)``).
+    """
+    half = n // 2
+    segments = []
+    start = 0
+    while start < mmax:
+        direct_end = min(start + half + 1, mmax)
+        segments.append((start, direct_end, 0, 1))
+        conj_end = min(start + n, mmax)
+        if direct_end < conj_end:
+            segments.append((direct_end, conj_end, n - (direct_end - start), -1))
+        start += n
+    return segments
+
+
+class _Group:
+    """The rings of one length on this rank: where they are among its rings and in the whole-ring buffer."""
+
+    def __init__(self, n, rows, start, mmax, phi0, real, complex_, synthesis, layout, fft):
+        self.n, self.half = n, n // 2 + 1
+        self.rows = rows                                   # indices among this rank's rings
+        self.contiguous = bool(numpy.all(numpy.diff(rows) == 1))
+        self.start = start                                 # offset in a whole-ring row
+        self.segments = alias_segments(n, mmax)
+        self.fourier = FourierStage(n, real, synthesis, layout, fft)
+        # twice the terms that land on a real frequency (0, and n / 2 for even n), except m = 0 itself
+        factor = numpy.ones(mmax, real)
+        for m0, m1, q0, step in self.segments:
+            q = q0 + step * numpy.arange(m1 - m0)
+            factor[m0:m1][(q == 0) | ((n % 2 == 0) & (q == n // 2))] = 2.0
+        factor[0] = 1.0
+        self.factor = factor
+        orders = numpy.arange(mmax)
+        self.phase = None if not numpy.any(phi0) else numpy.exp(1j * numpy.outer(phi0, orders)).astype(complex_)
+
+    def rows_index(self):
+        return slice(int(self.rows[0]), int(self.rows[-1]) + 1) if self.contiguous else self.rows
+
+
+class RingFourier(LocalStage):
+    """Points of this rank's rings to their orders (analysis) or back (synthesis), over ``grid.azimuth``.
+
+    Parameters
+    ----------
+    tiles : RingTiles
+        Which points each rank holds.
+    batch, components : int
+        The pipeline's batch (at least ``grid.nazimuth``) and components (1 or 2).
+    mmax : int
+        Orders.
+    dtype : numpy.dtype
+        Real dtype of the fields.
+    synthesis : bool
+        ``False``: ``forward`` is points -> orders (``rfft / nlon_j``, aliased);
+        ``True``: orders -> points (the field's values at the points).
+    layout : Layout
+        The transform's layout (``grid.cart``).
+    fft : {"numpy", "ducc0"}
+
+    Notes
+    -----
+    Shapes: points ``(batch, components, npoints)`` real, orders
+    ``(B_a, components, h, mmax)`` complex, ``B_a`` this azimuth rank's
+    :func:`~mpisphere.split_sizes` chunk of the batch, ``h`` this rank's
+    rings. Communicates on ``grid.azimuth`` (one ``Alltoallv`` per call);
+    it runs inside a transform, which checked and agreed for it.
+    """
+
+    def __init__(self, tiles, batch, components, mmax, dtype, synthesis, layout, fft="numpy"):
+        super().__init__(layout)
+        grid, rings = tiles.grid, tiles.rings
+        self.comm, self.size, self.rank = grid.azimuth, grid.nazimuth, grid.azimuth_rank
+        self.batch, self.components, self.mmax, self.synthesis = batch, components, mmax, synthesis
+        self.real = numpy.dtype(dtype)
+        self.complex = dtypes.complex_of(self.real)
+        self.npoints, self.h = tiles.npoints, len(tiles.local_rings)
+        self.batch_sizes = split_sizes(batch, self.size)
+        self.batch_offsets = split_offsets(batch, self.size)
+        nlon = rings.nlon[tiles.local_rings]
+        # every azimuth rank's points of these rings (the same rings: one polar rank)
+        self.points_of = [sum(split_sizes(int(n), self.size)[q] for n in nlon) for q in range(self.size)]
+        # the whole-ring row: rings grouped by length (one FFT per length), each group's rings in order
+        lengths = sorted(set(nlon.tolist()))
+        self.groups, start = [], 0
+        position = numpy.empty(len(nlon), dtype=numpy.int64)  # where each local ring starts in the row
+        for n in lengths:
+            rows = numpy.flatnonzero(nlon == n)
+            self.groups.append(_Group(n, rows, start, mmax, rings.phi0[tiles.local_rings][rows], self.real,
+                                      self.complex, synthesis, layout, fft))
+            position[rows] = start + n * numpy.arange(len(rows))
+            start += n * len(rows)
+        self.whole = start
+        # where each azimuth rank's points go in the whole-ring row
+        self.places = []
+        for q in range(self.size):
+            places = [position[i] + split_offsets(int(n), self.size)[q]
+                      + numpy.arange(split_sizes(int(n), self.size)[q]) for i, n in enumerate(nlon)]
+            places = numpy.concatenate(places) if places else numpy.zeros(0, numpy.int64)
+            self.places.append(None if numpy.array_equal(places, numpy.arange(len(places))) and
+                               len(places) == self.whole else places)
+        self._workspace = backend.Workspace()
+        self._device = {}
+
+    # --- shapes ------------------------------------------------------------------------------------
+
+    @property
+    def _points_shape(self):
+        return (self.batch, self.components, self.npoints)
+
+    @property
+    def _orders_shape(self):
+        return (self.batch_sizes[self.rank], self.components, self.h, self.mmax)
+
+    def _takes_points(self, direction):
+        return (direction == FORWARD) != self.synthesis
+
+    def _output(self, direction, spec):
+        points = self._takes_points(direction)
+        want = (self._points_shape, self.real) if points else (self._orders_shape, self.complex)
+        other = (self._orders_shape, self.complex) if points else (self._points_shape, self.real)
+        if tuple(spec.shape) != want[0] or spec.dtype != want[1]:
+            raise InputError(f"expected {want[0]} {want[1].name}, got {spec.shape} {spec.dtype.name}")
+        return spec.but(shape=other[0], dtype=other[1]), spec.describe()
+
+    def _shapes(self, lead):
+        return (self._points_shape, self._orders_shape) if not self.synthesis else \
+            (self._orders_shape, self._points_shape)
+
+    # --- running -----------------------------------------------------------------------------------
+
+    def _run(self, direction, x, out, context):
+        rows = self._orders_shape[0] * self.components
+        whole = self._workspace.scratch("whole", x, rows * self.whole, self.real).reshape(rows, self.whole)
+        if self._takes_points(direction):
+            self._gather_rings(x, whole, context)
+            # the pipeline may hand this stage the orders in another memory order (the Legendre step's):
+            # written C-ordered here, then copied over
+            direct = out.flags.c_contiguous
+            orders = out.reshape(rows, self.h, self.mmax) if direct else self._workspace.scratch(
+                "orders", out, out.size).reshape(rows, self.h, self.mmax)
+            for group in self.groups:
+                self._orders_of_group(direction, group, whole, orders, context)
+            if not direct:
+                backend.copy_into(out, orders.reshape(out.shape))
+        else:
+            if not x.flags.c_contiguous:
+                copy = self._workspace.scratch("orders", x, x.size).reshape(x.shape)
+                backend.copy_into(copy, x)
+                x = copy
+            orders = x.reshape(rows, self.h, self.mmax)
+            for group in self.groups:
+                self._group_of_orders(direction, group, orders, whole, context)
+            self._scatter_rings(whole, out, context)
+
+    def _ring_block(self, group, whole):
+        return whole[:, group.start:group.start + group.n * len(group.rows)].reshape(-1, len(group.rows), group.n)
+
+    def _orders_of_group(self, direction, group, whole, orders, context):
+        """FFT of one length's rings, each order read from the frequency it aliases to (analysis forward,
+        synthesis adjoint)."""
+        rings = self._ring_block(group, whole)
+        spectrum = self._workspace.scratch("spectrum", whole, rings.shape[0] * rings.shape[1] * group.half,
+                                           self.complex).reshape(rings.shape[:2] + (group.half,))
+        group.fourier._run(direction, rings, spectrum, context)
+        target = orders[:, group.rows_index(), :]
+        for m0, m1, q0, step in group.segments:
+            if step > 0:
+                target[..., m0:m1] = spectrum[..., q0:q0 + (m1 - m0)]
+            else:
+                picked = spectrum[..., q0 - (m1 - m0) + 1:q0 + 1][..., ::-1]
+                numpy_like = backend.array_module(spectrum)
+                numpy_like.conjugate(picked, out=target[..., m0:m1])
+        if self.synthesis:  # the adjoint of a synthesis: the doubled terms read twice
+            target *= backend.on_device_of(target, group.factor, self._device, ("factor", group.n))
+        if group.phase is not None:
+            target *= backend.on_device_of(target, group.phase.conj(), self._device, ("phase-", group.n))
+        if not group.contiguous:
+            orders[:, group.rows, :] = target
+
+    def _group_of_orders(self, direction, group, orders, whole, context):
+        """Each order added onto the frequency it aliases to, then the inverse FFT of one length's rings
+        (synthesis forward, analysis adjoint)."""
+        picked = orders[:, group.rows_index(), :]
+        if group.phase is not None or self.synthesis:
+            picked = picked.copy() if group.contiguous else picked
+            if group.phase is not None:
+                picked *= backend.on_device_of(picked, group.phase, self._device, ("phase+", group.n))
+            if self.synthesis:
+                picked *= backend.on_device_of(picked, group.factor, self._device, ("factor", group.n))
+        spectrum = self._workspace.scratch("spectrum", whole, picked.shape[0] * picked.shape[1] * group.half,
+                                           self.complex).reshape(picked.shape[:2] + (group.half,))
+        spectrum[...] = 0
+        for m0, m1, q0, step in group.segments:
+            if step > 0:
+                spectrum[..., q0:q0 + (m1 - m0)] += picked[..., m0:m1]
+            else:
+                spectrum[..., q0 - (m1 - m0) + 1:q0 + 1] += picked[..., m0:m1][..., ::-1].conj()
+        group.fourier._run(direction, spectrum, self._ring_block(group, whole), context)
+
+    def _gather_rings(self, x, whole, context):
+        """``whole`` (B_a C, whole-ring row) from every azimuth rank's points of this rank's batch chunk."""
+        c, own = self.components, self.batch_sizes[self.rank]
+        x = x if x.flags.c_contiguous else backend.array_module(x).ascontiguousarray(x)
+        if self.size == 1:
+            recv = x.reshape(-1)
+        else:
+            recv_counts = [own * c * p for p in self.points_of]
+            recv = self._workspace.scratch("received", x, sum(recv_counts), self.real)
+            send_counts = [b * c * self.npoints for b in self.batch_sizes]
+            collectives.alltoallv(self.comm, x.reshape(-1), send_counts, offsets_of(send_counts), recv, recv_counts,
+                                  offsets_of(recv_counts), staged=context.staged, workspace=self._workspace)
+        start = 0
+        for q in range(self.size):
+            block = recv[start:start + own * c * self.points_of[q]].reshape(own * c, self.points_of[q])
+            start += block.size
+            if self.places[q] is None:
+                whole[...] = block
+            else:
+                whole[:, self._place(q, whole)] = block
+
+    def _scatter_rings(self, whole, out, context):
+        """Every azimuth rank's points of this rank's batch chunk from ``whole``, to their owners (into ``out``)."""
+        c, own = self.components, self.batch_sizes[self.rank]
+        counts = [own * c * p for p in self.points_of]
+        direct = self.size == 1 and out.flags.c_contiguous
+        send = out.reshape(-1) if direct else self._workspace.scratch("sent", whole, sum(counts), self.real)
+        start = 0
+        for q in range(self.size):
+            block = send[start:start + counts[q]].reshape(own * c, self.points_of[q])
+            start += counts[q]
+            if self.places[q] is None:
+                block[...] = whole
+            else:
+                block[...] = whole[:, self._place(q, whole)]
+        if direct:
+            return
+        if self.size == 1:
+            out[...] = send.reshape(out.shape)
+            return
+        recv_counts = [b * c * self.npoints for b in self.batch_sizes]
+        target = out.reshape(-1) if out.flags.c_contiguous else \
+            self._workspace.scratch("landed", out, sum(recv_counts), self.real)
+        collectives.alltoallv(self.comm, send, counts, offsets_of(counts), target, recv_counts,
+                              offsets_of(recv_counts), staged=context.staged, workspace=self._workspace)
+        if not out.flags.c_contiguous:
+            out[...] = target.reshape(out.shape)
+
+    def _place(self, q, like):
+        return backend.on_device_of(like, self.places[q], self._device, ("places", q))
