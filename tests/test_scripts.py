@@ -78,6 +78,7 @@ def test_fourdvar_lowers_the_error(tmp_path, method):
     ("bench_overlap.py", ["--nlat", "33", "--mmax", "17", "--batch", "4", "--repeats", "1", "--warmup", "0"]),
     ("bench_halo.py", ["--nlat", "33", "--nlon", "64", "--batch", "1,2", "--widths", "1,2", "--repeats", "2",
                        "--warmup", "0"]),
+    ("bench_reduced.py", ["--n", "8", "--fields", "2", "--repeats", "1", "--warmup", "0"]),
 ])
 def test_benchmarks_run(tmp_path, script, args):
     out = launch(2, script, *args, cwd=tmp_path)

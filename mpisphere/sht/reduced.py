@@ -4,7 +4,7 @@ The fields are this rank's points ``(..., npoints)`` (vector fields ``(...,
 2, npoints)``) of a :class:`~mpisphere.RingGeometry` spread by
 :class:`~mpisphere.RingTiles`; the coefficients are the blocks of the
 regular transforms, ``(..., l_loc, m_loc)``, degrees over ``grid.polar``
-and orders over ``grid.azimuth`` in either order layout. The stages:
+and orders over ``grid.azimuth`` in either order layout. The stages::
 
     analysis                                   synthesis
     1. RingFourier: whole rings over the       1. degrees whole (polar transpose or Allgatherv)

@@ -65,14 +65,43 @@ def alias_segments(n, mmax):
     return segments
 
 
-class _Group:
-    """The rings of one length on this rank: where they are among its rings and in the whole-ring buffer."""
+class _Run:
+    """Rings of one length at evenly spaced places: one batched FFT over a strided view of the row.
 
-    def __init__(self, n, rows, start, mmax, phi0, real, complex_, synthesis, layout, fft):
+    ``rows``: a slice of this rank's rings (the orders' axis); ``offset``,
+    ``spacing``: where the first ring starts in a ring-major row of this
+    rank's whole rings, and how far apart the rings start.
+    """
+
+    def __init__(self, rows, offset, spacing, count):
+        self.rows, self.offset, self.spacing, self.count = rows, offset, spacing, count
+
+    def rings(self, whole, n):
+        """The run's rings, ``(rows, count, n)``, a view of ``whole`` ``(rows, row length)``."""
+        item = whole.itemsize
+        return backend.as_strided(whole[:, self.offset:], (whole.shape[0], self.count, n),
+                                  (whole.strides[0], self.spacing * item, item))
+
+
+class _Group:
+    """This rank's rings of one length: their runs, FFT, how orders alias onto them, phases and factors."""
+
+    def __init__(self, n, rows, starts, mmax, phi0, real, complex_, synthesis, layout, fft):
         self.n, self.half = n, n // 2 + 1
-        self.rows = rows                                   # indices among this rank's rings
-        self.contiguous = bool(numpy.all(numpy.diff(rows) == 1))
-        self.start = start                                 # offset in a whole-ring row
+        self.runs = []
+        i = 0
+        while i < len(rows):  # the longest runs of evenly spaced rings (a hemisphere's pair, a regular grid)
+            j = i + 1
+            if j < len(rows):
+                row_step, spacing = rows[j] - rows[i], starts[j] - starts[i]
+                while j + 1 < len(rows) and rows[j + 1] - rows[j] == row_step and starts[j + 1] - starts[j] == spacing:
+                    j += 1
+                j += 1
+            else:
+                row_step, spacing = 1, n
+            self.runs.append((_Run(slice(int(rows[i]), int(rows[j - 1]) + 1, int(row_step)), int(starts[i]),
+                                   int(spacing), j - i), numpy.arange(i, j)))
+            i = j
         self.segments = alias_segments(n, mmax)
         self.fourier = FourierStage(n, real, synthesis, layout, fft)
         # twice the terms that land on a real frequency (0, and n / 2 for even n), except m = 0 itself
@@ -83,10 +112,8 @@ class _Group:
         factor[0] = 1.0
         self.factor = factor
         orders = numpy.arange(mmax)
-        self.phase = None if not numpy.any(phi0) else numpy.exp(1j * numpy.outer(phi0, orders)).astype(complex_)
-
-    def rows_index(self):
-        return slice(int(self.rows[0]), int(self.rows[-1]) + 1) if self.contiguous else self.rows
+        self.phases = None if not numpy.any(phi0) else [
+            numpy.exp(1j * numpy.outer(phi0[members], orders)).astype(complex_) for _, members in self.runs]
 
 
 class RingFourier(LocalStage):
@@ -131,25 +158,20 @@ class RingFourier(LocalStage):
         nlon = rings.nlon[tiles.local_rings]
         # every azimuth rank's points of these rings (the same rings: one polar rank)
         self.points_of = [sum(split_sizes(int(n), self.size)[q] for n in nlon) for q in range(self.size)]
-        # the whole-ring row: rings grouped by length (one FFT per length), each group's rings in order
-        lengths = sorted(set(nlon.tolist()))
-        self.groups, start = [], 0
-        position = numpy.empty(len(nlon), dtype=numpy.int64)  # where each local ring starts in the row
-        for n in lengths:
+        # the whole-ring row: this rank's whole rings, ring after ring; the rings of one length form a group
+        position = numpy.asarray(offsets_of(nlon.tolist()), dtype=numpy.int64)
+        self.whole = int(nlon.sum())
+        phi0 = rings.phi0[tiles.local_rings]
+        self.groups = []
+        for n in sorted(set(nlon.tolist())):
             rows = numpy.flatnonzero(nlon == n)
-            self.groups.append(_Group(n, rows, start, mmax, rings.phi0[tiles.local_rings][rows], self.real,
-                                      self.complex, synthesis, layout, fft))
-            position[rows] = start + n * numpy.arange(len(rows))
-            start += n * len(rows)
-        self.whole = start
-        # where each azimuth rank's points go in the whole-ring row
-        self.places = []
-        for q in range(self.size):
-            places = [position[i] + split_offsets(int(n), self.size)[q]
-                      + numpy.arange(split_sizes(int(n), self.size)[q]) for i, n in enumerate(nlon)]
-            places = numpy.concatenate(places) if places else numpy.zeros(0, numpy.int64)
-            self.places.append(None if numpy.array_equal(places, numpy.arange(len(places))) and
-                               len(places) == self.whole else places)
+            self.groups.append(_Group(n, rows, position[rows], mmax, phi0[rows], self.real, self.complex,
+                                      synthesis, layout, fft))
+        # where each azimuth rank's points go in the whole-ring row (None: they are the row, on one azimuth rank)
+        self.places = [None] if self.size == 1 else [
+            numpy.concatenate([position[i] + split_offsets(int(n), self.size)[q]
+                               + numpy.arange(split_sizes(int(n), self.size)[q]) for i, n in enumerate(nlon)])
+            for q in range(self.size)]
         self._workspace = backend.Workspace()
         self._device = {}
 
@@ -182,9 +204,8 @@ class RingFourier(LocalStage):
 
     def _run(self, direction, x, out, context):
         rows = self._orders_shape[0] * self.components
-        whole = self._workspace.scratch("whole", x, rows * self.whole, self.real).reshape(rows, self.whole)
         if self._takes_points(direction):
-            self._gather_rings(x, whole, context)
+            whole = self._gather_rings(x, rows, context)
             # the pipeline may hand this stage the orders in another memory order (the Legendre step's):
             # written C-ordered here, then copied over
             direct = out.flags.c_contiguous
@@ -194,101 +215,98 @@ class RingFourier(LocalStage):
                 self._orders_of_group(direction, group, whole, orders, context)
             if not direct:
                 backend.copy_into(out, orders.reshape(out.shape))
-        else:
-            if not x.flags.c_contiguous:
-                copy = self._workspace.scratch("orders", x, x.size).reshape(x.shape)
-                backend.copy_into(copy, x)
-                x = copy
-            orders = x.reshape(rows, self.h, self.mmax)
-            for group in self.groups:
-                self._group_of_orders(direction, group, orders, whole, context)
+            return
+        if not x.flags.c_contiguous:
+            copy = self._workspace.scratch("orders", x, x.size).reshape(x.shape)
+            backend.copy_into(copy, x)
+            x = copy
+        orders = x.reshape(rows, self.h, self.mmax)
+        direct = self.size == 1 and out.flags.c_contiguous  # one azimuth rank: the rings are the output
+        whole = out.reshape(rows, self.whole) if direct else \
+            self._workspace.scratch("whole", x, rows * self.whole, self.real).reshape(rows, self.whole)
+        for group in self.groups:
+            self._group_of_orders(direction, group, orders, whole, context)
+        if not direct:
             self._scatter_rings(whole, out, context)
 
-    def _ring_block(self, group, whole):
-        return whole[:, group.start:group.start + group.n * len(group.rows)].reshape(-1, len(group.rows), group.n)
+    def _spectrum(self, like, rows, run, group):
+        return self._workspace.scratch("spectrum", like, rows * run.count * group.half, self.complex).reshape(
+            rows, run.count, group.half)
 
     def _orders_of_group(self, direction, group, whole, orders, context):
         """FFT of one length's rings, each order read from the frequency it aliases to (analysis forward,
         synthesis adjoint)."""
-        rings = self._ring_block(group, whole)
-        spectrum = self._workspace.scratch("spectrum", whole, rings.shape[0] * rings.shape[1] * group.half,
-                                           self.complex).reshape(rings.shape[:2] + (group.half,))
-        group.fourier._run(direction, rings, spectrum, context)
-        target = orders[:, group.rows_index(), :]
-        for m0, m1, q0, step in group.segments:
-            if step > 0:
-                target[..., m0:m1] = spectrum[..., q0:q0 + (m1 - m0)]
-            else:
-                picked = spectrum[..., q0 - (m1 - m0) + 1:q0 + 1][..., ::-1]
-                numpy_like = backend.array_module(spectrum)
-                numpy_like.conjugate(picked, out=target[..., m0:m1])
-        if self.synthesis:  # the adjoint of a synthesis: the doubled terms read twice
-            target *= backend.on_device_of(target, group.factor, self._device, ("factor", group.n))
-        if group.phase is not None:
-            target *= backend.on_device_of(target, group.phase.conj(), self._device, ("phase-", group.n))
-        if not group.contiguous:
-            orders[:, group.rows, :] = target
+        xp = backend.array_module(whole)
+        for k, (run, _) in enumerate(group.runs):
+            spectrum = self._spectrum(whole, whole.shape[0], run, group)
+            group.fourier._run(direction, run.rings(whole, group.n), spectrum, context)
+            target = orders[:, run.rows, :]
+            for m0, m1, q0, step in group.segments:
+                if step > 0:
+                    target[..., m0:m1] = spectrum[..., q0:q0 + (m1 - m0)]
+                else:
+                    xp.conjugate(spectrum[..., q0 - (m1 - m0) + 1:q0 + 1][..., ::-1], out=target[..., m0:m1])
+            if self.synthesis:  # the adjoint of a synthesis: the doubled terms read twice
+                target *= backend.on_device_of(target, group.factor, self._device, ("factor", group.n))
+            if group.phases is not None:
+                target *= backend.on_device_of(target, group.phases[k].conj(), self._device, ("phase-", group.n, k))
 
     def _group_of_orders(self, direction, group, orders, whole, context):
         """Each order added onto the frequency it aliases to, then the inverse FFT of one length's rings
         (synthesis forward, analysis adjoint)."""
-        picked = orders[:, group.rows_index(), :]
-        if group.phase is not None or self.synthesis:
-            picked = picked.copy() if group.contiguous else picked
-            if group.phase is not None:
-                picked *= backend.on_device_of(picked, group.phase, self._device, ("phase+", group.n))
-            if self.synthesis:
-                picked *= backend.on_device_of(picked, group.factor, self._device, ("factor", group.n))
-        spectrum = self._workspace.scratch("spectrum", whole, picked.shape[0] * picked.shape[1] * group.half,
-                                           self.complex).reshape(picked.shape[:2] + (group.half,))
-        spectrum[...] = 0
-        for m0, m1, q0, step in group.segments:
-            if step > 0:
-                spectrum[..., q0:q0 + (m1 - m0)] += picked[..., m0:m1]
-            else:
-                spectrum[..., q0 - (m1 - m0) + 1:q0 + 1] += picked[..., m0:m1][..., ::-1].conj()
-        group.fourier._run(direction, spectrum, self._ring_block(group, whole), context)
+        for k, (run, _) in enumerate(group.runs):
+            picked = orders[:, run.rows, :]
+            if group.phases is not None or self.synthesis:
+                picked = picked.copy()
+                if group.phases is not None:
+                    picked *= backend.on_device_of(picked, group.phases[k], self._device, ("phase+", group.n, k))
+                if self.synthesis:
+                    picked *= backend.on_device_of(picked, group.factor, self._device, ("factor", group.n))
+            spectrum = self._spectrum(whole, whole.shape[0], run, group)
+            first = True
+            for m0, m1, q0, step in group.segments:
+                if step > 0 and first:  # orders 0 .. n / 2: the whole spectrum is written
+                    spectrum[..., :m1 - m0] = picked[..., m0:m1]
+                    spectrum[..., m1 - m0:] = 0
+                    first = False
+                elif step > 0:
+                    spectrum[..., q0:q0 + (m1 - m0)] += picked[..., m0:m1]
+                else:
+                    spectrum[..., q0 - (m1 - m0) + 1:q0 + 1] += picked[..., m0:m1][..., ::-1].conj()
+            group.fourier._run(direction, spectrum, run.rings(whole, group.n), context)
 
-    def _gather_rings(self, x, whole, context):
-        """``whole`` (B_a C, whole-ring row) from every azimuth rank's points of this rank's batch chunk."""
+    def _gather_rings(self, x, rows, context):
+        """This rank's whole rings for its batch chunk, ``(B_a C, row)``, from every azimuth rank's points."""
         c, own = self.components, self.batch_sizes[self.rank]
         x = x if x.flags.c_contiguous else backend.array_module(x).ascontiguousarray(x)
         if self.size == 1:
-            recv = x.reshape(-1)
-        else:
-            recv_counts = [own * c * p for p in self.points_of]
-            recv = self._workspace.scratch("received", x, sum(recv_counts), self.real)
-            send_counts = [b * c * self.npoints for b in self.batch_sizes]
-            collectives.alltoallv(self.comm, x.reshape(-1), send_counts, offsets_of(send_counts), recv, recv_counts,
-                                  offsets_of(recv_counts), staged=context.staged, workspace=self._workspace)
+            return x.reshape(rows, self.whole)  # the points are the whole rings, ring after ring
+        whole = self._workspace.scratch("whole", x, rows * self.whole, self.real).reshape(rows, self.whole)
+        recv_counts = [own * c * p for p in self.points_of]
+        recv = self._workspace.scratch("received", x, sum(recv_counts), self.real)
+        send_counts = [b * c * self.npoints for b in self.batch_sizes]
+        collectives.alltoallv(self.comm, x.reshape(-1), send_counts, offsets_of(send_counts), recv, recv_counts,
+                              offsets_of(recv_counts), staged=context.staged, workspace=self._workspace)
         start = 0
         for q in range(self.size):
             block = recv[start:start + own * c * self.points_of[q]].reshape(own * c, self.points_of[q])
             start += block.size
-            if self.places[q] is None:
-                whole[...] = block
-            else:
-                whole[:, self._place(q, whole)] = block
+            whole[:, self._place(q, whole)] = block
+        return whole
 
     def _scatter_rings(self, whole, out, context):
         """Every azimuth rank's points of this rank's batch chunk from ``whole``, to their owners (into ``out``)."""
+        if self.size == 1:
+            out[...] = whole.reshape(out.shape)
+            return
         c, own = self.components, self.batch_sizes[self.rank]
         counts = [own * c * p for p in self.points_of]
-        direct = self.size == 1 and out.flags.c_contiguous
-        send = out.reshape(-1) if direct else self._workspace.scratch("sent", whole, sum(counts), self.real)
+        send = self._workspace.scratch("sent", whole, sum(counts), self.real)
         start = 0
         for q in range(self.size):
             block = send[start:start + counts[q]].reshape(own * c, self.points_of[q])
             start += counts[q]
-            if self.places[q] is None:
-                block[...] = whole
-            else:
-                block[...] = whole[:, self._place(q, whole)]
-        if direct:
-            return
-        if self.size == 1:
-            out[...] = send.reshape(out.shape)
-            return
+            backend.array_module(whole).take(whole, self._place(q, whole), axis=1, out=block)
         recv_counts = [b * c * self.npoints for b in self.batch_sizes]
         target = out.reshape(-1) if out.flags.c_contiguous else \
             self._workspace.scratch("landed", out, sum(recv_counts), self.real)
