@@ -2,7 +2,7 @@
 
 ``operators(grid)`` returns ``(operator, domain point)`` pairs covering every
 public operator class: the primitives, the halo exchange and its adjoint, the
-scalar and vector transforms, the point interpolation, the spectral calculus
+scalar and vector transforms (on regular and octahedral grids), the point interpolation, the spectral calculus
 operators, the algebra (``Identity``, ``Diagonal``, compositions, sums,
 scalings) and the shallow-water model's tangent-linear model, on uneven
 extents; the points come from the operators' own shape contract.
@@ -14,8 +14,10 @@ import numpy
 
 from mpisphere import (CopyTo, Diagonal, DistributedInverseRealSHT, DistributedInverseRealVectorSHT,
                        DistributedRealSHT, DistributedRealVectorSHT, GatherFrom, GatherFromCopyTo, HaloExchange,
-                       HaloReduce, Identity, PointInterpolation, ReduceFrom, ReduceScatter, ScatterTo, Transpose,
-                       calculus)
+                       HaloReduce, Identity, PointInterpolation, ReduceFrom, ReduceScatter, RingGeometry, ScatterTo,
+                       Transpose, calculus)
+from mpisphere import (DistributedInverseReducedRealSHT, DistributedInverseReducedRealVectorSHT,
+                       DistributedReducedRealSHT, DistributedReducedRealVectorSHT)
 from mpisphere.examples import ShallowWaterSolver
 from mpisphere.operators import DISTRIBUTED, Layout
 
@@ -43,6 +45,7 @@ def operators(grid):
     lats = points.uniform(-1.2, 1.2, 9)
     lons = points.uniform(0, 2 * numpy.pi, 9)
     tile_layout = Layout(DISTRIBUTED, grid.cart)
+    octahedral = RingGeometry.octahedral(6)
     solver = ShallowWaterSolver(grid, SWE_NLAT, SWE_NLON, dt=150.0, quadrature="legendre-gauss")
     tangent_linear = solver.linearize(solver.random_initial_condition(), 2)
     cases = [  # (operator, leading axes or a whole template for the primitives, dtype, random source)
@@ -65,6 +68,11 @@ def operators(grid):
         (DistributedInverseRealVectorSHT(grid, NLAT, NLON, legendre="reduce-scatter"), (2,), numpy.complex128, local),
         (DistributedInverseRealSHT(grid, NLAT, NLON, legendre="table-free"), (2,), numpy.complex128, local),
         (DistributedRealVectorSHT(grid, NLAT, NLON, legendre="table-free"), (2,), numpy.float64, local),
+        # on an octahedral grid: rings of their own lengths (every grid of 1-6 ranks splits O6)
+        (DistributedReducedRealSHT(grid, octahedral), (2,), numpy.float64, local),
+        (DistributedInverseReducedRealSHT(grid, octahedral, legendre="reduce-scatter"), (2,), numpy.complex128, local),
+        (DistributedReducedRealVectorSHT(grid, octahedral, orders="balanced"), (2,), numpy.float64, local),
+        (DistributedInverseReducedRealVectorSHT(grid, octahedral), (2,), numpy.complex128, local),
         (PointInterpolation(grid, NLAT, NLON, lats, lons), (2,), numpy.float64, local),
         (calculus.laplacian(sht, 2.0), (2,), numpy.complex128, local),
         (calculus.hyperdiffusion(isht, 600.0), (2,), numpy.complex128, local),
