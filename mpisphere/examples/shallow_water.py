@@ -49,8 +49,11 @@ from ..sht import calculus
 from . import time_stepping
 from .tangent_linear import TangentLinearModel
 from ..quadrature import latitudes
-from ..sht import (DistributedInverseRealSHT, DistributedInverseRealVectorSHT, DistributedRealSHT,
-                   DistributedRealVectorSHT)
+from ..ring_tiles import RingTiles
+from ..rings import RingGeometry
+from ..sht import (DistributedInverseReducedRealSHT, DistributedInverseReducedRealVectorSHT,
+                   DistributedInverseRealSHT, DistributedInverseRealVectorSHT, DistributedReducedRealSHT,
+                   DistributedReducedRealVectorSHT, DistributedRealSHT, DistributedRealVectorSHT)
 
 __all__ = ["ShallowWaterSolver"]
 
@@ -75,8 +78,12 @@ class ShallowWaterSolver(Described):
     Parameters
     ----------
     grid : ProcessGrid
-    nlat, nlon : int
-        The global grid.
+    nlat, nlon : int, or a RingGeometry and None
+        The global grid: a regular ``(nlat, nlon)`` one, or the rings of a
+        reduced one (``ShallowWaterSolver(grid, RingGeometry.octahedral(48),
+        None, dt)``), whose fields are this rank's points ``(..., npoints)``
+        where a regular grid's are tiles ``(..., h, w)`` (see
+        :class:`~mpisphere.RingTiles`); the quadrature is then the rings'.
     dt : float
         Time step, seconds.
     lmax, mmax : int, optional
@@ -162,41 +169,77 @@ class ShallowWaterSolver(Described):
                  orders="contiguous", orography=None, scheme="explicit", reference_depth=None,
                  robert_asselin=0.05):
         error = None
-        if scheme not in SCHEMES:
+        rings = nlat if isinstance(nlat, RingGeometry) else None
+        tile = None  # this rank's tile, where a check needs it
+        try:
+            if rings is not None:
+                tile = (RingTiles(grid, rings).npoints,)
+            elif isinstance(orography, numpy.ndarray):
+                tile = grid.local_shape(nlat, nlon)
+        except (TypeError, ValueError) as exc:
+            error = InputError(str(exc), type(exc))
+        if error is not None:
+            pass  # the grid does not split the rings: nothing else can be checked
+        elif rings is not None and nlon is not None:
+            error = InputError(f"pass nlon=None with a RingGeometry (the rings give every ring's points), got "
+                               f"nlon={nlon!r}")
+        elif rings is not None and isinstance(orography, numpy.ndarray):
+            error = InputError("an orography array on a reduced grid is not supported yet (its checkpoint would need "
+                               "a points variable in mpisphere.io); use orography=None or 'williamson5'")
+        elif scheme not in SCHEMES:
             error = InputError(f"scheme must be {' or '.join(map(repr, SCHEMES))}, got {scheme!r}")
         elif not (orography is None or isinstance(orography, str) and orography == "williamson5"
                   or isinstance(orography, numpy.ndarray)
-                  and orography.shape == grid.local_shape(nlat, nlon) and orography.dtype.kind == "f"):
+                  and orography.shape == tile and orography.dtype.kind == "f"):
             error = InputError(f"orography must be None, 'williamson5' or this rank's tile "
-                               f"{grid.local_shape(nlat, nlon)} of real heights, got "
+                               f"{tile} of real heights, got "
                                f"{type(orography).__name__} {getattr(orography, 'shape', orography)!r}")
         agree_construction(self, grid.cart, error=error)
         self.scheme = scheme
         self.grid = grid
         self.dt = float(dt)
-        self.nlat, self.nlon = nlat, nlon
-        self.quadrature = quadrature
+        self.rings = rings
+        self.nlat, self.nlon = (nlat, nlon) if rings is None else (rings.nrings, None)
+        self.quadrature = quadrature if rings is None else "legendre-gauss"
+
         self.radius, self.omega, self.gravity = float(radius), float(omega), float(gravity)
         self.havg, self.hamp = float(havg), float(hamp)
         self.reference_depth = self.havg if reference_depth is None else float(reference_depth)
         self.robert_asselin = float(robert_asselin)
-        options = dict(quadrature=quadrature, csphase=False, orders=orders)
-        self.sht = DistributedRealSHT(grid, nlat, nlon, lmax, mmax, **options)
-        self.isht = DistributedInverseRealSHT(grid, nlat, nlon, lmax, mmax, **options)
-        self.vsht = DistributedRealVectorSHT(grid, nlat, nlon, lmax, mmax, **options)
-        self.ivsht = DistributedInverseRealVectorSHT(grid, nlat, nlon, lmax, mmax, **options)
+        if rings is None:
+            options = dict(quadrature=quadrature, csphase=False, orders=orders)
+            kinds, where = (DistributedRealSHT, DistributedInverseRealSHT, DistributedRealVectorSHT,
+                            DistributedInverseRealVectorSHT), (nlat, nlon)
+        else:
+            options = dict(csphase=False, orders=orders)
+            kinds, where = (DistributedReducedRealSHT, DistributedInverseReducedRealSHT,
+                            DistributedReducedRealVectorSHT, DistributedInverseReducedRealVectorSHT), (rings,)
+        self.sht, self.isht, self.vsht, self.ivsht = (kind(grid, *where, lmax, mmax, **options) for kind in kinds)
         self.lmax, self.mmax = self.sht.lmax, self.sht.mmax
+        self._grid_axes = len(self.sht.tile_shape)  # 2 (rows, columns) or 1 (a reduced grid's points)
 
-        theta, weights = latitudes(nlat, quadrature)
-        lat, lon = grid.local_slices(nlat, nlon)
-        self.lats = (0.5 * math.pi - theta)[lat]
-        self.lons = 2.0 * math.pi * numpy.arange(lon.start, lon.stop) / nlon
-        self.quad_weights = weights[lat].reshape(-1, 1)
-        self.coriolis = (2.0 * self.omega * numpy.sin(self.lats)).reshape(-1, 1)
+        if rings is None:
+            theta, weights = latitudes(nlat, quadrature)
+            lat, lon = grid.local_slices(nlat, nlon)
+            self.lats = (0.5 * math.pi - theta)[lat]
+            self.lons = 2.0 * math.pi * numpy.arange(lon.start, lon.stop) / nlon
+            self.quad_weights = weights[lat].reshape(-1, 1)
+            self.coriolis = (2.0 * self.omega * numpy.sin(self.lats)).reshape(-1, 1)
+            self._dlon = 2 * math.pi / nlon
+            self._rows = numpy.arange(lat.start, lat.stop).reshape(-1, 1)
+        else:
+            tiles = self.sht.tiles
+            ring = numpy.repeat(tiles.local_rings, tiles.counts)
+            self.lats = 0.5 * math.pi - tiles.colatitudes
+            self.lons = tiles.longitudes
+            self.quad_weights = rings.weights[ring]
+            self.coriolis = 2.0 * self.omega * numpy.sin(self.lats)
+            self._dlon = 2 * math.pi / rings.nlon[ring]  # each ring's own spacing
+            self._rows = ring
         if orography is None:
-            self.orography = numpy.zeros(grid.local_shape(nlat, nlon))
+            self.orography = numpy.zeros(self.sht.tile_shape)
         elif isinstance(orography, str):
-            self.orography = williamson5_orography(self.lats[:, None], self.lons[None, :])
+            self.orography = williamson5_orography(*self._meshgrid())
         else:
             self.orography = numpy.array(orography, dtype=numpy.float64)
         self._orography_kind = "none" if orography is None else (orography if isinstance(orography, str)
@@ -239,8 +282,8 @@ class ShallowWaterSolver(Described):
         return self.vrtdiv_to_uv.forward(vrtdivspec)
 
     def gethuv(self, uspec):
-        """Geopotential and winds on the grid, ``(3, h, w)``."""
-        return numpy.concatenate([self.spec2grid(uspec[:1]), self.getuv(uspec[1:])], axis=-3)
+        """Geopotential and winds on the grid, ``(3, h, w)`` (``(3, npoints)`` on a reduced grid)."""
+        return numpy.concatenate([self.spec2grid(uspec[:1]), self.getuv(uspec[1:])], axis=-1 - self._grid_axes)
 
     def potential_vorticity(self, uspec):
         """Potential vorticity on the grid (scaled as in torch-harmonics)."""
@@ -446,8 +489,10 @@ class ShallowWaterSolver(Described):
 
     def parameters(self):
         """What a continuation must share with this model: the grid, truncation, time step and constants (a dict)."""
-        return {"nlat": int(self.nlat), "nlon": int(self.nlon), "lmax": int(self.lmax), "mmax": int(self.mmax),
-                "quadrature": self.sht.quadrature, "dt": self.dt, "radius": self.radius, "omega": self.omega,
+        where = {"nlat": int(self.nlat), "nlon": int(self.nlon), "quadrature": self.sht.quadrature} \
+            if self.rings is None else {"rings": repr(self.rings)}
+        return {**where, "lmax": int(self.lmax), "mmax": int(self.mmax), "dt": self.dt, "radius": self.radius,
+                "omega": self.omega,
                 "gravity": self.gravity, "havg": self.havg, "hamp": self.hamp, "scheme": self.scheme,
                 "reference_depth": self.reference_depth, "orography": self._orography_kind,
                 # the filter exists in the semi-implicit scheme only (explicit checkpoints stay as they were)
@@ -560,6 +605,9 @@ class ShallowWaterSolver(Described):
     # --- initial conditions ----------------------------------------------------------------------
 
     def _meshgrid(self):
+        """Latitude and longitude of every point of this rank's tile (its points on a reduced grid)."""
+        if self.rings is not None:
+            return self.lats, self.lons
         return numpy.meshgrid(self.lats, self.lons, indexing="ij")
 
     def _balanced(self, ugrid, geopotential):
@@ -675,16 +723,13 @@ class ShallowWaterSolver(Described):
     # --- global quantities -------------------------------------------------------------------------
 
     def integrate_grid(self, ugrid, dimensionless=False, polar_opt=0):
-        """The integral over the sphere of each field ``(..., h, w)``, the same on every rank."""
-        dlon = 2 * math.pi / self.nlon
+        """The integral over the sphere of each field ``(..., h, w)`` (``(..., npoints)``), the same on every rank."""
         radius = 1.0 if dimensionless else self.radius
         weights = self.quad_weights
-        if polar_opt > 0:  # leave out polar_opt rows at each pole, as torch-harmonics
-            lat, _ = self.grid.local_slices(self.nlat, self.nlon)
-            rows = numpy.arange(lat.start, lat.stop)
-            keep = ((rows >= polar_opt) & (rows < self.nlat - polar_opt)).reshape(-1, 1)
-            weights = weights * keep
-        local = numpy.array(numpy.sum(ugrid * weights * dlon * radius ** 2, axis=(-2, -1)), dtype=numpy.float64)
+        if polar_opt > 0:  # leave out polar_opt rows (rings) at each pole, as torch-harmonics
+            weights = weights * ((self._rows >= polar_opt) & (self._rows < self.nlat - polar_opt))
+        axes = tuple(range(-self._grid_axes, 0))
+        local = numpy.array(numpy.sum(ugrid * weights * self._dlon * radius ** 2, axis=axes), dtype=numpy.float64)
         return self._sum.forward(local)
 
     def diagnostics(self, uspec):

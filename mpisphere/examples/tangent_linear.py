@@ -32,6 +32,12 @@ from . import time_stepping
 __all__ = ["TangentLinearModel", "LinearisedProducts"]
 
 
+def field_axis(grid_axes):
+    """``at(i)``: the index of entry ``i`` of the axis in front of ``grid_axes`` grid axes (2 on a regular grid,
+    1 on a reduced grid's points)."""
+    return lambda i: (Ellipsis, i) + (slice(None),) * grid_axes
+
+
 class LinearisedProducts(LinearOperator):
     """The shallow-water model's pointwise products, linearised about one step's fields.
 
@@ -46,7 +52,7 @@ class LinearisedProducts(LinearOperator):
 
     Parameters
     ----------
-    fields : ndarray, ``(4, h, w)``
+    fields : ndarray, ``(4, h, w)`` (``(4, npoints)`` on a reduced grid)
         ``phi``, ``eta``, ``u``, ``v`` on this rank's tile (real).
     layout : Layout
         The grid's distributed layout (the inner product sums over its ranks).
@@ -66,28 +72,31 @@ class LinearisedProducts(LinearOperator):
 
     def _output(self, direction, spec):
         n_in, n_out = (4, 5) if direction == FORWARD else (5, 4)
-        core = tuple(self.fields.shape[-2:])
-        if spec.shape[-3:] != (n_in,) + core or spec.dtype != self.fields.dtype or spec.device:
-            raise InputError(f"expected (..., {n_in}, {core[0]}, {core[1]}) {self.fields.dtype.name} on the host, "
-                             f"got {spec.shape} {spec.dtype.name}{' on a device' if spec.device else ''}")
-        return spec.but(shape=spec.shape[:-3] + (n_out,) + core), spec.describe(masked=(-2, -1))
+        core = tuple(self.fields.shape[1:])
+        k = len(core)
+        if spec.shape[-1 - k:] != (n_in,) + core or spec.dtype != self.fields.dtype or spec.device:
+            raise InputError(f"expected (..., {n_in}, {', '.join(map(str, core))}) {self.fields.dtype.name} on the "
+                             f"host, got {spec.shape} {spec.dtype.name}{' on a device' if spec.device else ''}")
+        return spec.but(shape=spec.shape[:-1 - k] + (n_out,) + core), spec.describe(masked=range(-k, 0))
 
     def _shapes(self, lead):
-        core = tuple(self.fields.shape[-2:])
+        core = tuple(self.fields.shape[1:])
         return lead + (4,) + core, lead + (5,) + core
 
     def _run(self, direction, x, out, context):
         phi, eta, uv = self.fields[0], self.fields[1], self.fields[2:]
+        at = field_axis(self.fields.ndim - 1)
+        fields = -1 - (self.fields.ndim - 1)  # the field axis
         if direction == FORWARD:
-            dphi, dzeta, duv = x[..., 0:1, :, :], x[..., 1:2, :, :], x[..., 2:, :, :]
-            out[..., 0:2, :, :] = duv * eta + uv * dzeta
-            out[..., 2:4, :, :] = duv * phi + uv * dphi
-            out[..., 4, :, :] = x[..., 0, :, :] + numpy.sum(uv * duv, axis=-3)
+            dphi, dzeta, duv = x[at(slice(0, 1))], x[at(slice(1, 2))], x[at(slice(2, None))]
+            out[at(slice(0, 2))] = duv * eta + uv * dzeta
+            out[at(slice(2, 4))] = duv * phi + uv * dphi
+            out[at(4)] = x[at(0)] + numpy.sum(uv * duv, axis=fields)
         else:
-            avort, aphi, aenergy = x[..., 0:2, :, :], x[..., 2:4, :, :], x[..., 4, :, :]
-            out[..., 0, :, :] = aenergy + numpy.sum(uv * aphi, axis=-3)
-            out[..., 1, :, :] = numpy.sum(uv * avort, axis=-3)
-            out[..., 2:, :, :] = avort * eta + aphi * phi + uv * aenergy[..., None, :, :]
+            avort, aphi, aenergy = x[at(slice(0, 2))], x[at(slice(2, 4))], x[at(4)]
+            out[at(0)] = aenergy + numpy.sum(uv * aphi, axis=fields)
+            out[at(1)] = numpy.sum(uv * avort, axis=fields)
+            out[at(slice(2, None))] = avort * eta + aphi * phi + uv * numpy.expand_dims(aenergy, fields)
 
 
 class TangentLinearModel(LinearOperator):
@@ -169,12 +178,13 @@ class TangentLinearModel(LinearOperator):
         """``F_n du``: the tendency of :meth:`ShallowWaterSolver.dudtspec` linearised at step ``n``."""
         s = self.solver
         lead, tile = du.shape[:-3], s.sht.tile_shape
+        at = field_axis(len(tile))
         perturbation = numpy.empty(lead + (4,) + tile, dtype=s.sht.dtype)
-        perturbation[..., :2, :, :] = s.isht.forward(du[..., :2, :, :])          # d phi, d zeta
-        perturbation[..., 2:, :, :] = s.vrtdiv_to_uv.forward(du[..., 1:, :, :])   # d u, d v
+        perturbation[at(slice(0, 2))] = s.isht.forward(du[..., :2, :, :])          # d phi, d zeta
+        perturbation[at(slice(2, None))] = s.vrtdiv_to_uv.forward(du[..., 1:, :, :])   # d u, d v
         products = self.products[n].forward(perturbation)
-        fluxes = s.uv_to_vrtdiv.forward(products[..., :4, :, :].reshape(lead + (2, 2) + tile))  # (..., 2, 2, l, m)
-        energy = s.laplacian.forward(s.sht.forward(products[..., 4, :, :]))
+        fluxes = s.uv_to_vrtdiv.forward(products[at(slice(0, 4))].reshape(lead + (2, 2) + tile))  # (..., 2, 2, l, m)
+        energy = s.laplacian.forward(s.sht.forward(products[at(4)]))
         out = numpy.empty_like(du)
         out[..., 0, :, :] = -fluxes[..., 1, 1, :, :]
         out[..., 1, :, :] = -fluxes[..., 0, 1, :, :]
@@ -189,11 +199,12 @@ class TangentLinearModel(LinearOperator):
         afluxes[..., 1, 1, :, :] = -a[..., 0, :, :]
         afluxes[..., 0, 1, :, :] = -a[..., 1, :, :]
         afluxes[..., 0, 0, :, :] = a[..., 2, :, :]
+        at = field_axis(len(tile))
         aproducts = numpy.empty(lead + (5,) + tile, dtype=s.sht.dtype)
-        aproducts[..., :4, :, :] = s.uv_to_vrtdiv.H.forward(afluxes).reshape(lead + (4,) + tile)
-        aproducts[..., 4, :, :] = s.sht.H.forward(s.laplacian.H.forward(-a[..., 2, :, :]))
+        aproducts[at(slice(0, 4))] = s.uv_to_vrtdiv.H.forward(afluxes).reshape(lead + (4,) + tile)
+        aproducts[at(4)] = s.sht.H.forward(s.laplacian.H.forward(-a[..., 2, :, :]))
         aperturbation = self.products[n].H.forward(aproducts)
         out = numpy.zeros_like(a)
-        out[..., :2, :, :] = s.isht.H.forward(aperturbation[..., :2, :, :])
-        out[..., 1:, :, :] += s.vrtdiv_to_uv.H.forward(aperturbation[..., 2:, :, :])
+        out[..., :2, :, :] = s.isht.H.forward(aperturbation[at(slice(0, 2))])
+        out[..., 1:, :, :] += s.vrtdiv_to_uv.H.forward(aperturbation[at(slice(2, None))])
         return out
