@@ -268,3 +268,32 @@ def test_writes_that_do_not_fit_the_store_raise_on_every_rank(grid, shared):
         if grid.size > 1:
             with pytest.raises(TypeError, match="sht must be a distributed transform of this store's grid"):
                 store.write_coefficients("c", numpy.zeros(other.block_shape, complex), other)
+
+
+def test_points_of_a_reduced_grid_round_trip_onto_every_grid_and_open_in_xarray(grid, shared):
+    from mpisphere import RingGeometry, RingTiles
+    rings = RingGeometry.octahedral(6)
+    whole = whole_field((2, rings.npoints), "float64")
+    path = os.path.join(shared, "points.zarr")
+    tiles = RingTiles(grid, rings)
+    store = FieldStore(path, grid, mode="w")
+    store.write_points("h", numpy.ascontiguousarray(whole[:, tiles.point_indices()]), tiles, dims=("time",),
+                       attrs={"units": "m"})
+    store.write_points("h", numpy.ascontiguousarray(whole[:1, tiles.point_indices()]), tiles, dims=("time",),
+                       append=True)
+    expected = numpy.concatenate([whole, whole[:1]])
+    for sub in sub_grids(grid.cart):  # read back on every grid of the launch's first k ranks
+        if sub is not None:
+            on_sub = RingTiles(sub, rings)
+            back = FieldStore(path, sub, mode="r").read_points("h", on_sub)
+            numpy.testing.assert_array_equal(back, expected[:, on_sub.point_indices()])
+    other = RingTiles(grid, RingGeometry.octahedral(7))
+    with pytest.raises(ValueError, match="rings is"):
+        store.read_points("h", other)
+    if grid.rank == 0:
+        ds = xarray.open_zarr(path)
+        assert ds["h"].dims == ("time", "point") and ds["h"].shape == (3, rings.npoints)
+        numpy.testing.assert_array_equal(ds["h"].values, expected)
+        numpy.testing.assert_allclose(ds["h"].lat.values, 90 - numpy.degrees(rings.colatitudes()))
+        numpy.testing.assert_allclose(ds["h"].lon.values, numpy.degrees(rings.longitudes()))
+    grid.cart.Barrier()

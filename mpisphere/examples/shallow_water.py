@@ -183,9 +183,6 @@ class ShallowWaterSolver(Described):
         elif rings is not None and nlon is not None:
             error = InputError(f"pass nlon=None with a RingGeometry (the rings give every ring's points), got "
                                f"nlon={nlon!r}")
-        elif rings is not None and isinstance(orography, numpy.ndarray):
-            error = InputError("an orography array on a reduced grid is not supported yet (its checkpoint would need "
-                               "a points variable in mpisphere.io); use orography=None or 'williamson5'")
         elif scheme not in SCHEMES:
             error = InputError(f"scheme must be {' or '.join(map(repr, SCHEMES))}, got {scheme!r}")
         elif not (orography is None or isinstance(orography, str) and orography == "williamson5"
@@ -545,7 +542,9 @@ class ShallowWaterSolver(Described):
             if previous is not None:
                 store.write_coefficients("previous", previous, self.sht, dims=("field",),
                                          attrs={"fields": fields, "meaning": "the filtered state one step before"})
-            if self._orography_kind == "array":
+            if self._orography_kind == "array" and self.rings is not None:
+                store.write_points("orography", self.orography, self.sht.tiles, attrs={"units": "m"})
+            elif self._orography_kind == "array":
                 store.write_tiles("orography", self.orography, self.nlat, self.nlon, self.sht.quadrature,
                                   attrs={"units": "m"})
             store.set_attrs({"model": "mpisphere.examples.ShallowWaterSolver", "parameters": self.parameters(),
@@ -573,7 +572,8 @@ class ShallowWaterSolver(Described):
                              f"0-{self.grid.size - 1} of {self.grid.size}): "
                              f"{differ or 'it was not written by ShallowWaterSolver.save'}")
         if self._orography_kind == "array":
-            saved_orography = store.read_tiles("orography", self.nlat, self.nlon, self.sht.quadrature)
+            saved_orography = store.read_points("orography", self.sht.tiles) if self.rings is not None else \
+                store.read_tiles("orography", self.nlat, self.nlon, self.sht.quadrature)
             call = Call(self.grid.cart, f"ShallowWaterSolver.load({path!r})")
             if not numpy.array_equal(saved_orography, self.orography):
                 call.fail("the checkpoint's orography differs from this model's on this rank's tile")

@@ -15,6 +15,7 @@ from .. import __version__, backend, collectives
 from ..agreement import Call, InputError, collective
 from ..dtypes import refusal
 from ..quadrature import latitudes, rule
+from ..ring_tiles import RingTiles
 from ..validation import check_choice, check_int
 from . import zarr_files
 from .chunks import ChunkPlan, Parts, band_rows
@@ -22,7 +23,7 @@ from .chunks import ChunkPlan, Parts, band_rows
 __all__ = ["FieldStore"]
 
 _MODES = ("r", "r+", "w", "a")
-_PLANE = {"tiles": ("lat", "lon"), "coefficients": ("l", "m")}
+_PLANE = {"tiles": ("lat", "lon"), "coefficients": ("l", "m"), "points": ("point",)}
 
 
 class FieldStore:
@@ -265,6 +266,54 @@ class FieldStore:
         assignment = order_assignment(sht.mmax, sht.lmax, self.grid.nazimuth, sht.orders)
         return Parts.of_grid(self.grid.npolar, self.grid.nazimuth, sht.lmax, sht.mmax, assignment)
 
+    # --- points of a reduced grid ---------------------------------------------------------------------
+
+    @collective
+    def write_points(self, name, points, tiles, *, dims=None, coords=None, attrs=None, append=False):
+        """Write this rank's points ``(*lead, tiles.npoints)`` of a ring-grid field as variable ``name``. Collective.
+
+        Stored as ``(*lead, point)``, the whole grid's points ring after ring,
+        with ``lat`` and ``lon`` coordinates per point (CF ``coordinates``), so
+        xarray opens it. ``tiles``: the :class:`~mpisphere.RingTiles` of the
+        store's grid that says which points this rank holds. ``dims``,
+        ``coords``, ``attrs``, ``append`` as in :meth:`write_tiles`.
+        """
+        call = Call(self._comm, f"FieldStore.write_points({name!r})")
+        meta = parts = expected = None
+        with call.local():
+            meta, parts = self._of_rings(tiles)
+            expected = (tiles.npoints,)
+        self._write(call, name, points, expected, parts, meta, "points", dims, coords, attrs, append, layout=None,
+                    rings=tiles.rings if isinstance(tiles, RingTiles) else None)
+
+    @collective
+    def read_points(self, name, tiles):
+        """This rank's points ``(*lead, tiles.npoints)`` of variable ``name``, on this store's grid. Collective.
+
+        Refused on every rank when the variable holds another grid's points.
+        """
+        call = Call(self._comm, f"FieldStore.read_points({name!r})")
+        meta = parts = None
+        with call.local():
+            meta, parts = self._of_rings(tiles)
+        call.agree(read=name, meta=meta)
+        return self._read(call, name, parts, meta)
+
+    def _of_rings(self, tiles):
+        """``(meta, parts)`` of a ring grid's points: each rank's part is a set of rows of an ``(npoints, 1)`` plane."""
+        if not isinstance(tiles, RingTiles):
+            raise InputError(f"tiles must be the RingTiles of the field's rings, got {type(tiles).__name__}",
+                             TypeError)
+        if tiles.grid.size != self.grid.size or (tiles.grid.npolar, tiles.grid.nazimuth) != \
+                (self.grid.npolar, self.grid.nazimuth):
+            raise InputError(f"the tiles' grid is {tiles.grid.npolar} x {tiles.grid.nazimuth}, the store's "
+                             f"{self.grid.npolar} x {self.grid.nazimuth}")
+        rings = tiles.rings
+        meta = {"mpisphere": "points", "rings": repr(rings), "npoints": int(rings.npoints)}
+        parts = Parts(rings.npoints, 1, [tiles.point_indices(r) for r in range(self.grid.size)],
+                      [numpy.zeros(1, numpy.int64)] * self.grid.size)
+        return meta, parts
+
     # --- the two directions ----------------------------------------------------------------------
 
     def _check_part(self, part, expected, dims, coords, attrs, kind, name):
@@ -278,10 +327,11 @@ class FieldStore:
         problem = refusal(part.dtype, "moved")
         if problem is not None:
             raise InputError(problem, TypeError)
-        if part.ndim < 2 or tuple(part.shape[-2:]) != tuple(expected):
-            raise InputError(f"expected this rank's {kind} (..., {expected[0]}, {expected[1]}), got shape "
+        plane = len(expected)
+        if part.ndim < plane or tuple(part.shape[-plane:]) != tuple(expected):
+            raise InputError(f"expected this rank's {kind} (..., {', '.join(map(str, expected))}), got shape "
                              f"{tuple(part.shape)}")
-        lead = tuple(part.shape[:-2])
+        lead = tuple(part.shape[:-plane])
         dims = tuple(f"{name}_dim{i}" for i in range(len(lead))) if dims is None else tuple(dims)
         if len(dims) != len(lead) or not all(isinstance(d, str) and d for d in dims) or \
                 len(set(dims)) != len(dims) or set(dims) & set(_PLANE[kind]):
@@ -300,14 +350,14 @@ class FieldStore:
         host = part.get() if backend.is_device_array(part) else numpy.asarray(part)
         return numpy.ascontiguousarray(host), dims, shaped
 
-    def _write(self, call, name, part, expected, parts, meta, kind, dims, coords, attrs, append, layout):
+    def _write(self, call, name, part, expected, parts, meta, kind, dims, coords, attrs, append, layout, rings=None):
         """The steps of a write, after the caller's own checks (in ``call``): agree, create, move, write, finish."""
         host, lead, shaped = None, None, {}
         if call.error is None:
             with call.local():
                 self._check_writable()
                 host, dims, shaped = self._check_part(part, expected, dims, coords, attrs, kind, name)
-                lead = tuple(host.shape[:-2])
+                lead = tuple(host.shape[:host.ndim - len(expected)])
                 if append and not lead:
                     raise InputError("append=True extends the first leading axis; the field has none")
         # what every rank must hold alike, by value (attrs in any key order); the layout of coefficient blocks
@@ -317,21 +367,22 @@ class FieldStore:
         dtype = host.dtype
         full_meta = {**meta, "grid_shape": [self.grid.npolar, self.grid.nazimuth], "complete": False}
         lead_offset = call.root(lambda: self._prepare(name, kind, meta, full_meta, lead, dtype, dims, shaped, attrs,
-                                                      append, parts), f"cannot create {name!r} in {self.path!r}")
+                                                      append, parts, rings), f"cannot create {name!r} in {self.path!r}")
+        flat = kind == "points"  # a 1-D plane: the plan's (rows, 1) regions are stored as (rows,)
         exchange = None
         with call.local(f"cannot write {name!r} to {self.path!r}"):  # every buffer allocated before the data moves
             array = zarr_files.open_array(self.path, name)
-            plan = ChunkPlan(parts, lead, int(array.chunks[-2]), lead_offset)
+            plan = ChunkPlan(parts, lead, int(array.chunks[-1 if flat else -2]), lead_offset)
             exchange = _Exchange(plan, self.grid.rank, dtype, to_owners=True)
         call.agree()
-        regions = exchange.to_owners(self._comm, host.reshape((math.prod(lead),) + host.shape[-2:]))
+        regions = exchange.to_owners(self._comm, host.reshape((math.prod(lead),) + parts.shape(self.grid.rank)))
         with call.local(f"cannot write {name!r} to {self.path!r}"):
             mine = plan.regions(self.grid.rank)
             for region, data in zip(mine, regions):
-                array[plan.selection(region)] = data
+                array[_stored(plan.selection(region), flat)] = data[:, 0] if flat else data
             if self.durable:
                 zarr_files.sync_files([f for _, f in zarr_files.chunk_files(
-                    self.path, name, array, [plan.selection(r) for r in mine])])
+                    self.path, name, array, [_stored(plan.selection(r), flat) for r in mine])])
         call.agree()
 
         def finish():
@@ -341,12 +392,13 @@ class FieldStore:
             self._sync_metadata()
         call.root(finish, f"cannot finish {name!r} in {self.path!r}")
 
-    def _prepare(self, name, kind, meta, full_meta, lead, dtype, dims, coords, attrs, append, parts):
+    def _prepare(self, name, kind, meta, full_meta, lead, dtype, dims, coords, attrs, append, parts, rings=None):
         """Rank 0: the coordinates and the variable's metadata; returns the first leading index to write."""
         group = zarr_files.open_group(self.path, "r+")
-        self._write_plane_coordinates(group, kind, meta)
+        self._write_plane_coordinates(group, kind, meta, rings)
         plane = _PLANE[kind]
-        shape = lead + (parts.n0, parts.n1)
+        flat = kind == "points"
+        shape = lead + ((parts.n0,) if flat else (parts.n0, parts.n1))
         exists = name in group and "mpisphere" in group[name].attrs
         if append and exists:
             array = group[name]
@@ -365,9 +417,10 @@ class FieldStore:
         else:
             offset = 0
             rows = band_rows(parts.n0, parts.n1, dtype.itemsize, math.prod(lead), self.grid.size)
-            chunks = (1,) * len(lead) + (rows, parts.n1)
+            chunks = (1,) * len(lead) + ((rows,) if flat else (rows, parts.n1))
+            cf = {"coordinates": "lat lon"} if flat else {}  # the points' latitude and longitude (CF)
             zarr_files.create_array(group, name, shape, chunks, dtype, dims + plane,
-                                    {**(attrs or {}), "mpisphere": full_meta})
+                                    {**(attrs or {}), **cf, "mpisphere": full_meta})
         for dim, (values, extra) in coords.items():
             self._write_lead_coordinate(group, dim, values, extra, offset if dims.index(dim) == 0 else 0,
                                         append and exists and dims.index(dim) == 0)
@@ -387,8 +440,15 @@ class FieldStore:
         zarr_files.create_array(group, dim, values.shape, (max(1, len(values)),), values.dtype, (dim,), extra)
         group[dim][...] = values
 
-    def _write_plane_coordinates(self, group, kind, meta):
-        if kind == "tiles":
+    def _write_plane_coordinates(self, group, kind, meta, rings=None):
+        if kind == "points":
+            values = {"lat": (90.0 - numpy.degrees(rings.colatitudes()), {
+                          "units": "degrees_north", "standard_name": "latitude", "long_name": "latitude",
+                          "grid": rings.name}),
+                      "lon": (numpy.degrees(rings.longitudes()), {
+                          "units": "degrees_east", "standard_name": "longitude", "long_name": "longitude"})}
+            dimension = {"lat": ("point",), "lon": ("point",)}
+        elif kind == "tiles":
             theta, _ = latitudes(meta["nlat"], meta["quadrature"])
             values = {"lat": (90.0 - numpy.degrees(theta), {
                           "units": "degrees_north", "standard_name": "latitude", "long_name": "latitude",
@@ -399,6 +459,8 @@ class FieldStore:
         else:
             values = {"l": (numpy.arange(meta["lmax"]), {"long_name": "spherical harmonic degree"}),
                       "m": (numpy.arange(meta["mmax"]), {"long_name": "spherical harmonic order"})}
+        if kind != "points":
+            dimension = {dim: (dim,) for dim in values}
         for dim, (v, extra) in values.items():
             if dim in group:
                 old = numpy.asarray(group[dim][...])
@@ -408,7 +470,7 @@ class FieldStore:
                                      f", this {kind} {v.size}{' of ' + meta['quadrature'] if kind == 'tiles' else ''}"
                                      ": one store holds one grid; write this one to another store")
                 continue
-            zarr_files.create_array(group, dim, v.shape, v.shape, v.dtype, (dim,), extra)
+            zarr_files.create_array(group, dim, v.shape, v.shape, v.dtype, dimension[dim], extra)
             group[dim][...] = v
 
     def _read(self, call, name, parts, expect):
@@ -428,9 +490,10 @@ class FieldStore:
                     f"{k} is {s!r} in the store, {v!r} here" for k, (s, v) in differ.items()))
             if not stored.get("complete"):
                 raise InputError(f"{name!r} is incomplete: a write of it did not finish (interrupted?)")
-            lead = tuple(int(n) for n in array.shape[:-2])
-            rows = int(array.chunks[-2])
-            if tuple(array.chunks) != (1,) * len(lead) + (rows, parts.n1):
+            flat = stored.get("mpisphere") == "points"
+            lead = tuple(int(n) for n in array.shape[:-1 if flat else -2])
+            rows = int(array.chunks[-1 if flat else -2])
+            if tuple(array.chunks) != (1,) * len(lead) + ((rows,) if flat else (rows, parts.n1)):
                 raise InputError(f"{name!r} has chunks {array.chunks}, not mpisphere's bands of whole rows")
         call.agree()
         plan = ChunkPlan(parts, lead, rows)
@@ -438,17 +501,18 @@ class FieldStore:
         regions = part = exchange = None
         with call.local(f"cannot read {name!r} from {self.path!r}"):  # buffers allocated before the data moves
             mine = plan.regions(self.grid.rank)
-            missing = zarr_files.missing_chunks(self.path, name, array, [plan.selection(r) for r in mine])
+            missing = zarr_files.missing_chunks(self.path, name, array, [_stored(plan.selection(r), flat)
+                                                                         for r in mine])
             if missing:
                 raise InputError(f"{len(missing)} chunk file(s) of {name!r} are missing (a truncated or damaged "
                                  f"store): {', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}")
-            regions = [numpy.ascontiguousarray(array[plan.selection(r)]).reshape(plan.region_shape(r))
+            regions = [numpy.ascontiguousarray(array[_stored(plan.selection(r), flat)]).reshape(plan.region_shape(r))
                        for r in mine]
             part = numpy.empty((math.prod(lead),) + parts.shape(self.grid.rank), dtype)
             exchange = _Exchange(plan, self.grid.rank, dtype, to_owners=False)
         call.agree()
         exchange.from_owners(self._comm, regions, part)
-        return part.reshape(lead + part.shape[1:])
+        return part.reshape(lead + (part.shape[1:2] if flat else part.shape[1:]))
 
     def __repr__(self):
         return f"FieldStore({self.path!r}, {self.grid!r}, mode={self.mode!r})"
@@ -487,6 +551,11 @@ class _Exchange:
         self.plan.copy_own(self.rank, part, regions, to_regions=False)
         self._alltoallv(comm)
         self.plan.unpack_parts(self.rank, self.recv, part)
+
+
+def _stored(selection, flat):
+    """A plan's selection ``(lead..., rows, columns)`` in the stored array (points: no column axis)."""
+    return selection[:-1] if flat else selection
 
 
 def _displacements(counts):
