@@ -74,6 +74,7 @@ def operators(grid):
         (DistributedReducedRealVectorSHT(grid, octahedral, orders="balanced"), (2,), numpy.float64, local),
         (DistributedInverseReducedRealVectorSHT(grid, octahedral), (2,), numpy.complex128, local),
         (PointInterpolation(grid, NLAT, NLON, lats, lons), (2,), numpy.float64, local),
+        (PointInterpolation(grid, octahedral, None, lats, lons), (2,), numpy.float64, local),
         (calculus.laplacian(sht, 2.0), (2,), numpy.complex128, local),
         (calculus.hyperdiffusion(isht, 600.0), (2,), numpy.complex128, local),
         (calculus.uv_to_vrtdiv(vsht, 2.0), (3,), numpy.float64, local),      # a composition with a scaling

@@ -286,3 +286,33 @@ def test_calculus_on_rings_gradient_and_winds(grid):
                                                                           numpy.zeros_like(latitude)]))
     field = DistributedInverseReducedRealSHT(grid, rings).forward(vorticity[..., 0, :, :])
     assert abs(field - 2 * numpy.sin(latitude)).max() <= 1e-13
+
+
+def test_point_interpolation_on_rings(grid):
+    """Bilinear on rings: exact for a field linear in longitude and colatitude between the rings around each point,
+    close to the field for a smooth one, every point owned once, and an exact adjoint."""
+    rings = RingGeometry.octahedral(12)
+    tiles = RingTiles(grid, rings)
+    rng = numpy.random.default_rng(4)  # the same points on every rank
+    lats = rng.uniform(-1.4, 1.4, 40)
+    lons = rng.uniform(-4, 8, 40)
+    op = mpisphere.PointInterpolation(grid, rings, None, lats, lons)
+    assert isinstance(op, mpisphere.interpolation.RingPointInterpolation)
+    assert numpy.array_equal(numpy.sort(numpy.concatenate(grid.cart.allgather(op.indices))), numpy.arange(40))
+    # a field of latitude alone: linear in colatitude between rings, so interpolation reproduces cos(colatitude)
+    # to the curvature of cos over one ring spacing
+    field = numpy.cos(tiles.colatitudes)
+    got = op.forward(field)
+    assert abs(got - numpy.sin(lats[op.indices])).max() <= 2e-3
+    # the ring values themselves at their own points
+    on = numpy.array([0, 7, 300, rings.npoints - 1])
+    exact = mpisphere.PointInterpolation(grid, rings, None, 0.5 * numpy.pi - rings.colatitudes()[on],
+                                         rings.longitudes()[on])
+    whole = rng.standard_normal(rings.npoints)
+    values = exact.forward(whole[tiles.point_indices()])
+    assert numpy.allclose(values, whole[on[exact.indices]], rtol=0, atol=1e-12)
+    x = rng.standard_normal((2, tiles.npoints))
+    y = op.forward(x)
+    assert dottest(op, x, y + 0.1) <= 1e-13
+    with pytest.raises(ValueError, match="poleward"):
+        mpisphere.PointInterpolation(grid, rings, None, [1.56], [0.0])
