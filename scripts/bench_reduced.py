@@ -15,6 +15,7 @@ Two tables, each timed in alternation (rounds, medians of the slowest rank):
 """
 
 import argparse
+import resource
 
 import numpy
 from mpi4py import MPI
@@ -86,6 +87,35 @@ def regular_rows(comm, n, fields, shapes, repeats, warmup):
     return rows
 
 
+def memory_rows(comm, n, fields, shapes, legendre):
+    """Each grid: peak resident memory of building and running a forward and an inverse transform on O<n>,
+    against :func:`mpisphere.sht.costs.ring_memory` (run one grid per launch: the peak does not come down)."""
+    from mpisphere.sht.costs import ring_memory
+    rows = []
+    rings = ms.RingGeometry.octahedral(n)
+    for shape in shapes:
+        grid = ms.ProcessGrid(comm, *shape)
+        rng = numpy.random.default_rng(grid.rank)
+        baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        analysis = ms.DistributedReducedRealSHT(grid, rings, legendre=legendre)
+        synthesis = ms.DistributedInverseReducedRealSHT(grid, rings, legendre=legendre)
+        x = rng.standard_normal(analysis.domain_shape((fields,)))
+        c = analysis.forward(x)
+        y = synthesis.forward(c)
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        caller = x.nbytes + c.nbytes + y.nbytes
+        model = ring_memory(rings, analysis.lmax, analysis.mmax, *shape, batch=fields, legendre=analysis.legendre)
+        measured = comm.gather(peak - baseline - caller, root=0)
+        tables = comm.gather(analysis.table_bytes(), root=0)
+        if comm.rank == 0:
+            for rank, (used, held) in enumerate(zip(measured, tables)):
+                rows.append({"grid": f"{shape[0]}x{shape[1]}", "rank": rank, "legendre": analysis.legendre,
+                             "measured_mb": used / 2**20, "model_mb": model[rank]["total"] / 2**20,
+                             "tables_mb": held / 2**20, "model_tables_mb": model[rank]["tables"] / 2**20})
+        grid.free()
+    return rows
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=320, help="octahedral O<n> (lmax n)")
@@ -94,9 +124,26 @@ def main():
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--grids", default=None, help="e.g. 1x2,2x1 (default: by the number of ranks)")
     parser.add_argument("--out", default=None, help="write the rows as JSON here (and a .txt table beside it)")
+    parser.add_argument("--memory", default=None, metavar="LEGENDRE",
+                        help="measure the peak memory with this Legendre strategy instead of timing")
     args = parser.parse_args()
     comm = MPI.COMM_WORLD
     rings = ms.RingGeometry.octahedral(args.n)
+    if args.memory:
+        rows = memory_rows(comm, args.n, args.fields, grid_shapes(args.grids, comm.size)[:1], args.memory)
+        if comm.rank == 0:
+            lines = [f"O{args.n}, {args.fields} fields, float64: peak resident memory of building and running a "
+                     "forward and an inverse transform, less the process before them and the caller's arrays",
+                     f"{'grid':5} {'rank':>4} {'legendre':15} {'measured MB':>12} {'model MB':>9} {'tables MB':>10} "
+                     f"{'model tables':>12}"]
+            lines += [f"{r['grid']:5} {r['rank']:4d} {r['legendre']:15} {r['measured_mb']:12.1f} {r['model_mb']:9.1f} "
+                      f"{r['tables_mb']:10.1f} {r['model_tables_mb']:12.1f}" for r in rows]
+            print("\n".join(lines))
+            if args.out:
+                write_results(args.out, {"n": args.n, "fields": args.fields, "ranks": comm.size}, rows)
+                with open(args.out.removesuffix(".json") + ".txt", "w") as f:
+                    f.write("\n".join(lines) + "\n")
+        return
     rows = []
     if comm.size == 1:
         rows += ducc0_rows(comm, rings, args.fields, rings.lmax, args.repeats, args.warmup)

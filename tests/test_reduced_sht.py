@@ -316,3 +316,15 @@ def test_point_interpolation_on_rings(grid):
     assert dottest(op, x, y + 0.1) <= 1e-13
     with pytest.raises(ValueError, match="poleward"):
         mpisphere.PointInterpolation(grid, rings, None, [1.56], [0.0])
+
+
+@pytest.mark.parametrize("legendre", STRATEGIES)
+def test_the_memory_model_counts_the_tables_each_rank_holds(grid, legendre):
+    from mpisphere.sht.costs import ring_memory
+    rings = RingGeometry.octahedral(10)
+    for orders in ("contiguous", "balanced"):
+        sht = DistributedReducedRealSHT(grid, rings, legendre=legendre, orders=orders)
+        model = ring_memory(rings, sht.lmax, sht.mmax, grid.npolar, grid.nazimuth, batch=3, legendre=legendre,
+                            orders=orders)
+        assert model[grid.rank]["tables"] == sht.table_bytes()
+        assert model[grid.rank]["total"] > model[grid.rank]["tables"]

@@ -23,7 +23,7 @@ from .strategies.base import row_entries, triangle_entries
 
 __all__ = ["table_entries", "row_table_entries", "RankCost", "sht_costs", "LEGENDRE_STRATEGIES",
            "legendre_table_bytes", "choose_legendre", "resolve_legendre", "batch_candidates", "choose_for_batch",
-           "default_table_budget"]
+           "default_table_budget", "ring_memory"]
 
 TRANSPOSES = ("longitudes", "orders", "latitudes", "degrees")
 
@@ -257,3 +257,67 @@ def sht_costs(nlat, nlon, lmax, mmax, npolar, nazimuth, *, batch=1, vector=False
                 fft_flops=fft_per_row * batch_azimuth[a] * cells,
                 sent=sent, messages=messages, legendre_values=values))
     return costs
+
+
+def ring_memory(rings, lmax, mmax, npolar, nazimuth, *, batch=1, vector=False, dtype=numpy.float64,
+                orders="contiguous", legendre="transpose"):
+    """Per-rank bytes of a forward and an inverse transform on a ring grid, an upper bound (no MPI).
+
+    Parameters
+    ----------
+    rings : RingGeometry
+    lmax, mmax, npolar, nazimuth, batch, vector, dtype, orders, legendre
+        As the transforms take them (``legendre`` resolved).
+
+    Returns
+    -------
+    list of dict, one per grid rank (row-major)
+        ``tables`` (the Legendre tables, shared by the two transforms),
+        ``pipeline`` (the grid's two buffers of the largest intermediate),
+        ``fourier`` (the ring stage's whole rings, received and sent points,
+        one spectrum and the orders in C order), ``transposes`` (the packed
+        send and receive buffers of the other exchanges) and ``total``;
+        the caller's input and output are not counted.
+    """
+    from ..rings import balanced_ring_split
+    real = numpy.dtype(dtype)
+    complex_size = 2 * real.itemsize
+    c = 2 if vector else 1
+    padded = max(batch, npolar, nazimuth)
+    ring_counts = balanced_ring_split(rings.nlon, npolar)
+    starts = numpy.concatenate([[0], numpy.cumsum(ring_counts)])
+    batch_azimuth, batch_polar = split_sizes(padded, nazimuth), split_sizes(padded, npolar)
+    degree_sizes = split_sizes(lmax, npolar)
+    assignment = order_assignment(mmax, lmax, nazimuth, orders)
+    record = strategy(legendre)
+    holds_tables = record.table_bytes(rings.nrings, lmax, mmax, npolar, nazimuth, vector=vector) > 0
+    degrees = lmax + 1 if vector else lmax
+    out = []
+    for p in range(npolar):
+        nlon = rings.nlon[starts[p]:starts[p + 1]]
+        h, row = len(nlon), int(nlon.sum())
+        for a in range(nazimuth):
+            points = sum(split_sizes(int(n), nazimuth)[a] for n in nlon)
+            m_loc, ba, bp = len(assignment[a]), batch_azimuth[a], batch_polar[p]
+            if record.polar_transposes:
+                tables = triangle_entries(lmax, assignment[a], rings.nrings, vector)
+                after = (bp * c * rings.nrings * m_loc, bp * c * degrees * m_loc, padded * c * degree_sizes[p] * m_loc)
+            else:
+                tables = record.values(lmax, assignment[a], rings.nrings, h, npolar, vector) if holds_tables else 0
+                after = (padded * c * degrees * m_loc,)
+            spectra = [padded * c * points * real.itemsize] + [n * complex_size for n in (
+                ba * c * h * mmax, padded * c * h * m_loc) + after]
+            longest = max(int(n) // 2 + 1 for n in nlon)
+            fourier = 3 * ba * c * row * real.itemsize + ba * c * 2 * longest * complex_size + \
+                ba * c * h * mmax * complex_size
+            exchanges = [(ba * c * h * mmax, padded * c * h * m_loc)] + (
+                [(padded * c * h * m_loc, bp * c * rings.nrings * m_loc), (bp * c * lmax * m_loc,
+                                                                           padded * c * degree_sizes[p] * m_loc)]
+                if record.polar_transposes else [(padded * c * lmax * m_loc, padded * c * degree_sizes[p] * m_loc)])
+            transposes = sum((i + o) * complex_size for i, o in exchanges) if npolar * nazimuth > 1 else 0
+            pipeline = (1 if npolar == nazimuth == 1 else 2) * max(spectra)
+            item = {"tables": tables * real.itemsize, "pipeline": pipeline, "fourier": fourier,
+                    "transposes": transposes}
+            item["total"] = sum(item.values())
+            out.append(item)
+    return out
