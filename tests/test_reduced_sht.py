@@ -328,3 +328,20 @@ def test_the_memory_model_counts_the_tables_each_rank_holds(grid, legendre):
                             orders=orders)
         assert model[grid.rank]["tables"] == sht.table_bytes()
         assert model[grid.rank]["total"] > model[grid.rank]["tables"]
+
+
+def test_float32_on_rings_follows_float64(grid, rng):
+    rings = RingGeometry.octahedral(12)
+    x = rng.standard_normal((2, rings.npoints))
+    results = []
+    for dtype in (numpy.float64, numpy.float32):
+        sht = DistributedReducedRealSHT(grid, rings, dtype=dtype)
+        isht = DistributedInverseReducedRealSHT(grid, rings, dtype=dtype)
+        c = sht.forward(sht.tiles.scatter(x.astype(dtype) if grid.rank == 0 else None))
+        assert c.dtype == (numpy.complex128 if dtype == numpy.float64 else numpy.complex64)
+        y = isht.forward(c)
+        assert y.dtype == dtype
+        results.append((c, y))
+    (c64, y64), (c32, y32) = results
+    assert abs(c32 - c64).max() <= 1e-5 * abs(c64).max()
+    assert abs(y32 - y64).max() <= 1e-5 * abs(y64).max()
