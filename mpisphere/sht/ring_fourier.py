@@ -39,30 +39,19 @@ from ..partition import offsets_of, split_offsets, split_sizes
 from .fourier import FourierStage
 from .pipeline import LocalStage
 
-__all__ = ["RingFourier", "alias_segments"]
+__all__ = ["RingFourier", "aliased_frequency"]
 
 
-def alias_segments(n, mmax):
-    """How orders ``0 .. mmax - 1`` land on the ``n // 2 + 1`` frequencies of a real ring of ``n`` points.
+def aliased_frequency(n, mmax):
+    """Where orders ``0 .. mmax - 1`` land on a real ring of ``n`` points: ``(q, conjugated)``, two arrays.
 
-    Returns
-    -------
-    list of ``(m0, m1, q0, step)``
-        Orders ``m0 .. m1 - 1`` land on frequencies ``q0, q0 + step, ...``;
-        ``step = -1`` marks the conjugated runs (past the ring's Nyquist
-        frequency, ``q = n - (m mod n)``).
+    Order ``m`` lands on frequency ``r = m mod n`` of the ring's complex
+    spectrum; past the Nyquist frequency (``r > n / 2``) a real ring holds it
+    as the conjugate of frequency ``q = n - r`` of its ``n // 2 + 1``.
     """
-    half = n // 2
-    segments = []
-    start = 0
-    while start < mmax:
-        direct_end = min(start + half + 1, mmax)
-        segments.append((start, direct_end, 0, 1))
-        conj_end = min(start + n, mmax)
-        if direct_end < conj_end:
-            segments.append((direct_end, conj_end, n - (direct_end - start), -1))
-        start += n
-    return segments
+    r = numpy.arange(mmax) % n
+    past = r > n // 2
+    return numpy.where(past, n - r, r), past
 
 
 class _Run:
@@ -79,8 +68,10 @@ class _Run:
     def rings(self, whole, n):
         """The run's rings, ``(rows, count, n)``, a view of ``whole`` ``(rows, row length)``."""
         item = whole.itemsize
-        return backend.as_strided(whole[:, self.offset:], (whole.shape[0], self.count, n),
-                                  (whole.strides[0], self.spacing * item, item))
+        shape, strides = (whole.shape[0], self.count, n), (whole.strides[0], self.spacing * item, item)
+        if isinstance(whole, numpy.ndarray):  # the constructor: a few times faster than as_strided's Python
+            return numpy.ndarray(shape, whole.dtype, whole, self.offset * item, strides)
+        return backend.as_strided(whole[:, self.offset:], shape, strides)
 
 
 class _Group:
@@ -102,13 +93,13 @@ class _Group:
             self.runs.append((_Run(slice(int(rows[i]), int(rows[j - 1]) + 1, int(row_step)), int(starts[i]),
                                    int(spacing), j - i), numpy.arange(i, j)))
             i = j
-        self.segments = alias_segments(n, mmax)
         self.fourier = FourierStage(n, real, synthesis, layout, fft)
+        self.aliased = mmax > self.half  # some orders lie past this ring's Nyquist frequency
+        self.wraps = -(-mmax // n)       # how many times the orders go round the ring's n frequencies
+        self.index = numpy.arange(mmax) % n
         # twice the terms that land on a real frequency (0, and n / 2 for even n), except m = 0 itself
-        factor = numpy.ones(mmax, real)
-        for m0, m1, q0, step in self.segments:
-            q = q0 + step * numpy.arange(m1 - m0)
-            factor[m0:m1][(q == 0) | ((n % 2 == 0) & (q == n // 2))] = 2.0
+        q, _ = aliased_frequency(n, mmax)
+        factor = numpy.where((q == 0) | ((n % 2 == 0) & (q == n // 2)), 2.0, 1.0).astype(real)
         factor[0] = 1.0
         self.factor = factor
         orders = numpy.arange(mmax)
@@ -237,43 +228,50 @@ class RingFourier(LocalStage):
         """FFT of one length's rings, each order read from the frequency it aliases to (analysis forward,
         synthesis adjoint)."""
         xp = backend.array_module(whole)
+        n, half, mmax = group.n, group.half, self.mmax
         for k, (run, _) in enumerate(group.runs):
             spectrum = self._spectrum(whole, whole.shape[0], run, group)
-            group.fourier._run(direction, run.rings(whole, group.n), spectrum, context)
+            group.fourier._run(direction, run.rings(whole, n), spectrum, context)
             target = orders[:, run.rows, :]
-            for m0, m1, q0, step in group.segments:
-                if step > 0:
-                    target[..., m0:m1] = spectrum[..., q0:q0 + (m1 - m0)]
-                else:
-                    xp.conjugate(spectrum[..., q0 - (m1 - m0) + 1:q0 + 1][..., ::-1], out=target[..., m0:m1])
+            if not group.aliased:
+                target[...] = spectrum[..., :mmax]
+            else:  # the ring's whole complex spectrum, read round and round
+                full = self._workspace.scratch("full", whole, spectrum.size // half * n, self.complex).reshape(
+                    spectrum.shape[:-1] + (n,))
+                full[..., :half] = spectrum
+                xp.conjugate(spectrum[..., n - half:0:-1], out=full[..., half:])
+                target[...] = full[..., backend.on_device_of(full, group.index, self._device, ("index", n))]
             if self.synthesis:  # the adjoint of a synthesis: the doubled terms read twice
-                target *= backend.on_device_of(target, group.factor, self._device, ("factor", group.n))
+                target *= backend.on_device_of(target, group.factor, self._device, ("factor", n))
             if group.phases is not None:
-                target *= backend.on_device_of(target, group.phases[k].conj(), self._device, ("phase-", group.n, k))
+                target *= backend.on_device_of(target, group.phases[k].conj(), self._device, ("phase-", n, k))
 
     def _group_of_orders(self, direction, group, orders, whole, context):
         """Each order added onto the frequency it aliases to, then the inverse FFT of one length's rings
         (synthesis forward, analysis adjoint)."""
+        xp = backend.array_module(whole)
+        n, half, mmax = group.n, group.half, self.mmax
         for k, (run, _) in enumerate(group.runs):
             picked = orders[:, run.rows, :]
-            if group.phases is not None or self.synthesis:
-                picked = picked.copy()
-                if group.phases is not None:
-                    picked *= backend.on_device_of(picked, group.phases[k], self._device, ("phase+", group.n, k))
-                if self.synthesis:
-                    picked *= backend.on_device_of(picked, group.factor, self._device, ("factor", group.n))
             spectrum = self._spectrum(whole, whole.shape[0], run, group)
-            first = True
-            for m0, m1, q0, step in group.segments:
-                if step > 0 and first:  # orders 0 .. n / 2: the whole spectrum is written
-                    spectrum[..., :m1 - m0] = picked[..., m0:m1]
-                    spectrum[..., m1 - m0:] = 0
-                    first = False
-                elif step > 0:
-                    spectrum[..., q0:q0 + (m1 - m0)] += picked[..., m0:m1]
-                else:
-                    spectrum[..., q0 - (m1 - m0) + 1:q0 + 1] += picked[..., m0:m1][..., ::-1].conj()
-            group.fourier._run(direction, spectrum, run.rings(whole, group.n), context)
+            if group.aliased:  # the orders in a buffer of whole turns round the ring (the input stays as it is)
+                padded = self._workspace.scratch("padded", whole, spectrum.size // half * group.wraps * n,
+                                                 self.complex).reshape(spectrum.shape[:-1] + (group.wraps * n,))
+                padded[..., mmax:] = 0
+            else:
+                padded = spectrum
+                padded[..., mmax:] = 0
+            kept = padded[..., :mmax]
+            kept[...] = picked
+            if group.phases is not None:
+                kept *= backend.on_device_of(kept, group.phases[k], self._device, ("phase+", n, k))
+            if self.synthesis:
+                kept *= backend.on_device_of(kept, group.factor, self._device, ("factor", n))
+            if group.aliased:  # every turn summed onto the ring's complex spectrum, then its real half
+                full = padded.reshape(padded.shape[:-1] + (group.wraps, n)).sum(axis=-2)
+                spectrum[...] = full[..., :half]
+                spectrum[..., 1:n - half + 1] += xp.conjugate(full[..., n - 1:half - 1:-1])
+            group.fourier._run(direction, spectrum, run.rings(whole, n), context)
 
     def _gather_rings(self, x, rows, context):
         """This rank's whole rings for its batch chunk, ``(B_a C, row)``, from every azimuth rank's points."""
