@@ -58,7 +58,8 @@ def diagnose(out=sys.stdout, probe_timeout=120):
     write(f"mpisphere {__version__}, mpi4py {mpi4py.__version__}, numpy {numpy.__version__}, "
           f"Python {sys.version.split()[0]}\n")
     write(f"MPI library: {cuda_aware.mpi_library_path() or 'unknown'}\n")
-    write(f"MPI version: {MPI.Get_library_version().splitlines()[0].strip()} "
+    version = MPI.Get_library_version().replace("\x00", "")  # Open MPI ends it with a NUL: grep calls logs binary
+    write(f"MPI version: {version.splitlines()[0].strip()} "
           f"(standard {'.'.join(map(str, MPI.Get_version()))})\n")
     write(f"ranks in COMM_WORLD: {MPI.COMM_WORLD.Get_size()}\n")
     mismatch = world_mismatch(MPI.COMM_WORLD.Get_size())

@@ -34,6 +34,11 @@ outer run (``python -m pytest``)
     the launch fails, and shows what the ranks printed; the report's first
     line names the tests that failed, the one running when the launch ended
     and those that never ran (rank 0 records them in a progress file).
+    While a launch runs, a line every few seconds says which launch, how
+    many of its tests are done and which one is running (``--mpi-progress``:
+    on a terminal by default, ``always`` or ``never``). The launch's output
+    is shown without NUL characters (Open MPI ends its version string with
+    one, which made ``grep`` call a whole CI log binary).
     ``MPI.COMM_WORLD`` and ``MPI.COMM_SELF`` are guards here: a serial test
     that touches MPI fails with a message naming it instead of ending the
     process at MPICH's first call before ``MPI_Init``.
@@ -45,10 +50,12 @@ inner run (``--with-mpi`` / ``--only-mpi``, under mpiexec)
       (at most 60 s) and aborts the job after three quarters of it
       (``MPISPHERE_STALL_REPORT`` and ``MPISPHERE_STALL_DEADLINE``, unless
       already set: :mod:`mpisphere.agreement.stall`);
-    * a per-test watchdog (``faulthandler.dump_traceback_later(exit=True)``,
-      writing to the stderr the process started with, since pytest's capture
-      swaps fd 2) ends a rank stuck past ``--mpi-test-timeout``; mpiexec then
-      tears the job down;
+    * a per-test watchdog (``faulthandler.dump_traceback_later(exit=True)``)
+      ends a rank stuck past ``--mpi-test-timeout``; mpiexec then tears the
+      job down. Each rank writes its traceback to a file of its own, which
+      the outer run adds to the launch's report under a line naming the rank
+      (run by hand, without the outer run, to the stderr the process
+      started with, since pytest's capture swaps fd 2);
     * after every test phase the ranks meet on a private duplicate of
       ``COMM_WORLD`` (Ibarrier polled with Test). A rank whose phase failed
       waits ``--mpi-grace`` seconds for the others; if they do not arrive
@@ -95,6 +102,10 @@ def add_options(parser):
                     help="seconds one MPI test may take before its ranks are ended (default %(default)s)")
     group.addoption("--mpi-grace", type=float, default=float(os.environ.get("MPISPHERE_TEST_GRACE", "20")),
                     help="seconds a failed rank waits for the others before aborting the job")
+    group.addoption("--mpi-progress", choices=("auto", "always", "never"),
+                    default=os.environ.get("MPISPHERE_TEST_PROGRESS_LINES", "auto"),
+                    help="print a line every few seconds while a launch runs: which launch, its tests done, the "
+                         "one running (auto: when the output is a terminal; env MPISPHERE_TEST_PROGRESS_LINES)")
 
 
 def is_inner(config):
@@ -186,18 +197,30 @@ class MpiLaunch(pytest.Item):
         handle, self.progress = tempfile.mkstemp(prefix="mpisphere-progress-", suffix=".txt")
         os.close(handle)
         env[PROGRESS_VARIABLE] = self.progress
+        self.hangs = tempfile.mkdtemp(prefix="mpisphere-hangs-")
+        env[HANGS_VARIABLE] = self.hangs
         try:
             self._launch(cmd, env)
         finally:
             os.unlink(self.progress)
+            shutil.rmtree(self.hangs, ignore_errors=True)
 
     def _launch(self, cmd, env):
         timeout = self.config.getoption("--mpi-launch-timeout")
         start = time.monotonic()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
                                 cwd=str(self.config.invocation_params.dir), start_new_session=True)
+        shows = _shows_progress(self.config)
         try:
-            output, _ = proc.communicate(timeout=timeout)
+            while True:  # wait in slices, saying where the launch is between them (when asked, or on a terminal)
+                left = timeout - (time.monotonic() - start)
+                try:
+                    output, _ = proc.communicate(timeout=max(0.0, min(left, PROGRESS_SECONDS if shows else left)))
+                    break
+                except subprocess.TimeoutExpired:
+                    if time.monotonic() - start >= timeout:
+                        raise
+                    self._show_progress(time.monotonic() - start)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             output, _ = proc.communicate()
@@ -215,12 +238,27 @@ class MpiLaunch(pytest.Item):
         if proc.returncode != 0:
             raise MpiLaunchFailed(self._report(cmd, output, f"exited with status {proc.returncode}"))
 
+    def _show_progress(self, elapsed):
+        """One line: this launch, its tests done of collected, the one running now (outside pytest's capture)."""
+        done, collected, running = _progress_counts(self.progress)
+        line = (f"[mpiexec -n {self.nranks}] {elapsed:5.0f} s: {done}/{collected or '?'} tests done"
+                + (f", running {running}" if running else ""))
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        capture = self.config.pluginmanager.get_plugin("capturemanager")
+        if reporter is None:
+            return
+        if capture is not None:
+            with capture.global_and_fixture_disabled():
+                reporter.write_line(line)
+        else:
+            reporter.write_line(line)
+
     def _report(self, cmd, output, what):
-        text = output.decode(errors="replace") if isinstance(output, bytes) else (output or "")
-        hint = ""
-        if "Timeout (" in text:
-            hint = ("\nA rank exceeded the per-test timeout (--mpi-test-timeout); the traceback above "
-                    "shows where it was waiting.")
+        text = _clean(output.decode(errors="replace") if isinstance(output, bytes) else (output or ""))
+        hint = _hang_tracebacks(self.hangs)
+        if hint or "Timeout (" in text:
+            hint += ("\nA rank exceeded the per-test timeout (--mpi-test-timeout); the tracebacks "
+                     f"{'above' if not hint else 'of each rank'} show where it was waiting.")
         tests = _progress_report(self.progress)
         return (f"MPI launch on {self.nranks} rank(s) {what}{tests}\ncommand: {shlex.join(cmd)}\n"
                 f"--- output ---\n{text}{hint}")
@@ -246,6 +284,55 @@ def _summary_line(text):
 
 
 PROGRESS_VARIABLE = "MPISPHERE_TEST_PROGRESS"
+HANGS_VARIABLE = "MPISPHERE_TEST_HANGS"  # a directory: each rank's per-test watchdog writes its traceback there
+PROGRESS_SECONDS = float(os.environ.get("MPISPHERE_TEST_PROGRESS_SECONDS", "5"))  # at most one line this often
+
+
+def _clean(text):
+    """Launch output that ``grep`` reads as text: without the NUL Open MPI ends its library version with."""
+    return text.replace("\x00", "")
+
+
+def _shows_progress(config):
+    """Whether to print progress lines during launches: ``--mpi-progress`` (``auto``: when stdout is a terminal)."""
+    choice = config.getoption("--mpi-progress")
+    if choice == "auto":
+        return sys.stdout.isatty()
+    return choice == "always"
+
+
+def _progress_counts(path):
+    """``(tests done, tests collected, the one running)`` from a launch's progress file."""
+    try:
+        with open(path) as f:
+            lines = [line.rstrip("\n").split("\t", 1) for line in f if "\t" in line]
+    except OSError:
+        return 0, 0, None
+    collected = sum(1 for what, _ in lines if what == "collected")
+    done = sum(1 for what, _ in lines if what == "done")
+    started = [nodeid for what, nodeid in lines if what == "start"]
+    finished = {nodeid for what, nodeid in lines if what == "done"}
+    running = next((n for n in reversed(started) if n not in finished), None)
+    return done, collected, running
+
+
+def _hang_tracebacks(directory):
+    """Every rank's watchdog traceback (``HANGS_VARIABLE``), each under a line naming its rank."""
+    try:
+        names = sorted(os.listdir(directory), key=lambda n: int(n.split("-")[1].split(".")[0]))
+    except (OSError, ValueError, IndexError):
+        return ""
+    parts = []
+    for name in names:
+        try:
+            with open(os.path.join(directory, name), errors="replace") as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text:
+            rank = name.split("-")[1].split(".")[0]
+            parts.append(f"\n---------- rank {rank}: per-test timeout, where it was ----------\n{text}")
+    return "".join(parts)
 
 
 def _progress_report(path):
@@ -413,6 +500,9 @@ class InnerPlugin:
             raise pytest.UsageError(f"the launcher started {expected} ranks but MPI reports {self.size}: {hint}")
         path = os.environ.get(PROGRESS_VARIABLE)
         self.progress = open(path, "a", buffering=1) if path and self.rank == 0 else None  # line-buffered
+        # the watchdog's traceback: into this rank's own file for the outer run to label, else to stderr
+        hangs = os.environ.get(HANGS_VARIABLE)
+        self.watchdog = open(os.path.join(hangs, f"rank-{self.rank}.txt"), "w") if hangs else self.err
         if self.rank != 0:
             sys.stdout = open(os.devnull, "w")  # the terminal reporter, created next, writes here
 
@@ -444,7 +534,7 @@ class InnerPlugin:
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_protocol(self, item, nextitem):
-        faulthandler.dump_traceback_later(self.test_timeout, exit=True, file=self.err)
+        faulthandler.dump_traceback_later(self.test_timeout, exit=True, file=self.watchdog)
         try:
             return (yield)
         finally:

@@ -36,7 +36,7 @@ import numpy
 from mpi4py import MPI
 
 import mpisphere
-from benchtools import grid_shapes, measure_rounds, write_results
+from benchtools import mpi_version, grid_shapes, measure_rounds, write_results
 from mpisphere import HaloExchange, ProcessGrid, collectives
 
 
@@ -206,7 +206,7 @@ def main(argv=None):
     shapes = grid_shapes(args.grids, size)
     if world.Get_rank() == 0:
         print(f"mpisphere {mpisphere.__version__}, {size} ranks, field (*, {args.nlat}, {args.nlon}) {args.dtype}, "
-              f"{args.repeats} rounds; MPI: {MPI.Get_library_version().splitlines()[0].strip()}", flush=True)
+              f"{args.repeats} rounds; MPI: {mpi_version()}", flush=True)
     rows = []
     for npolar, nazimuth in shapes:
         with ProcessGrid(world, npolar, nazimuth) as grid:

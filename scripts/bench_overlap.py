@@ -26,7 +26,7 @@ import numpy
 from mpi4py import MPI
 
 import mpisphere
-from benchtools import measure, write_results
+from benchtools import mpi_version, measure, write_results
 from mpisphere import ProcessGrid, Transpose
 
 
@@ -87,7 +87,7 @@ def main(argv=None):
     world = MPI.COMM_WORLD
     if world.Get_rank() == 0:
         print(f"mpisphere {mpisphere.__version__}, {world.Get_size()} ranks, half of {args.batch} fields of "
-              f"{args.nlat} latitudes x {args.mmax} orders; MPI: {MPI.Get_library_version().splitlines()[0]}")
+              f"{args.nlat} latitudes x {args.mmax} orders; MPI: {mpi_version()}")
     shapes = [(1, world.Get_size()), (world.Get_size(), 1)]
     rows = []
     for npolar, nazimuth in shapes:

@@ -23,7 +23,7 @@ from mpi4py import MPI
 
 import mpisphere
 from bench_halo import message_copies, raw_halo
-from benchtools import grid_shapes, measure, write_results
+from benchtools import mpi_version, grid_shapes, measure, write_results
 from mpisphere import (CopyTo, GatherFrom, GatherFromCopyTo, HaloExchange, ProcessGrid, ReduceFrom, ReduceScatter,
                        ScatterTo, Transpose, collectives, split_sizes)
 from mpisphere.partition import offsets_of
@@ -269,7 +269,7 @@ def main(argv=None):
     if world.Get_rank() == 0:
         print(f"mpisphere {mpisphere.__version__}, {size} ranks, field ({args.batch}, {args.nlat}, {args.nlon}) "
               f"{args.dtype}, {args.device}, {args.repeats} repeats; MPI: "
-              f"{MPI.Get_library_version().splitlines()[0].strip()}")
+              f"{mpi_version()}")
         print(f"{'grid':>4} {'operator':28s} {'direction':10s} {'median':>11s} {'min..max':>18s}  "
               f"{'raw MPI call':16s} {'median':>11s}  ratios")
     rows = []
@@ -280,7 +280,7 @@ def main(argv=None):
             rows += bench_grid(grid, args, xp)
     if args.json and world.Get_rank() == 0:
         meta = {"ranks": size, "batch": args.batch, "nlat": args.nlat, "nlon": args.nlon, "dtype": args.dtype,
-                "device": args.device, "mpi": MPI.Get_library_version().splitlines()[0].strip()}
+                "device": args.device, "mpi": mpi_version()}
         write_results(args.json, meta, rows)
     return 0
 

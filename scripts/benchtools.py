@@ -9,6 +9,11 @@ from mpi4py import MPI
 import mpisphere
 
 
+def mpi_version():
+    """The MPI library's version line, without the NUL Open MPI ends it with (grep reads the logs as text)."""
+    return MPI.Get_library_version().replace("\x00", "").splitlines()[0].strip()
+
+
 def measure(comm, fn, repeats, warmup, sync=None):
     """Median, min and max (ms) over ``repeats`` of the slowest rank's time of ``fn()``.
 

@@ -75,6 +75,34 @@ def test_a_hanging_rank_ends_the_launch_instead_of_hanging_the_suite(tmp_path):
                             "--mpi-launch-timeout=120")
     assert code == 1, out
     assert "MPI launch on 2 rank(s)" in out and "Timeout" in out, out
+    # every rank's watchdog traceback, labelled with its rank (rank 0 in the receive)
+    assert "---------- rank 0: per-test timeout, where it was ----------" in out, out
+    assert "\x00" not in out
+
+
+SLOW_TEST = '''
+import time
+import pytest
+
+
+@pytest.mark.mpi(min_size=2)
+def test_slow(comm):
+    time.sleep(2.0)
+'''
+
+
+def test_progress_lines_name_the_launch_and_the_running_test(tmp_path, monkeypatch):
+    monkeypatch.setenv("MPISPHERE_TEST_PROGRESS_SECONDS", "0.5")
+    code, out = run_project(tmp_path, SLOW_TEST, "--mpi-sizes=2", "--mpi-progress=always")
+    assert code == 0, out
+    assert "[mpiexec -n 2]" in out and "0/1 tests done, running test_user.py::test_slow" in out, out
+    code, out = run_project(tmp_path, SLOW_TEST, "--mpi-sizes=2")  # not a terminal: no progress lines
+    assert code == 0 and "[mpiexec -n 2]" not in out, out
+
+
+def test_launch_output_is_shown_without_nul_characters():
+    from mpisphere.testing import _clean
+    assert _clean("Open MPI v4.1.4, package: Debian\x00\nnext") == "Open MPI v4.1.4, package: Debian\nnext"
 
 
 def test_the_summary_and_junit_name_the_failing_test_of_a_launch(tmp_path):
