@@ -42,6 +42,7 @@ extensions = [
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
 root_doc = "index"
 exclude_patterns = ["_build", "results/*.md", "Thumbs.db", ".DS_Store"]
+templates_path = ["_templates"]  # the class pages: autodoc documents each class's own members (no table of inherited ones)
 myst_enable_extensions = ["dollarmath", "colon_fence"]
 myst_heading_anchors = 3
 

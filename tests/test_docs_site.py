@@ -66,3 +66,17 @@ def test_every_guide_page_is_in_the_guide_toctree():
     index = (ROOT / "docs" / "guide" / "index.md").read_text()
     pages = {p.stem for p in (ROOT / "docs" / "guide").glob("*.md")} - {"index"}
     assert not {p for p in pages if f"\n{p}\n" not in index}
+
+
+def test_the_unrendered_markdown_check_finds_a_nested_link_and_passes_clean_pages(tmp_path):
+    import subprocess
+    import sys
+    page = ('<p>Write and read speed: [<a href="../benchmarks.html">Benchmarks</a>](../benchmarks.md#writing)</p>'
+            '<pre>```python\nx = [1](2)\n```</pre><p><code>**kwargs**</code> and <strong>bold</strong></p>')
+    (tmp_path / "io.html").write_text(page)
+    check = [sys.executable, str(ROOT / ".ci" / "unrendered-markdown"), str(tmp_path)]
+    found = subprocess.run(check, capture_output=True, text=True, timeout=60)
+    assert found.returncode == 1 and "io.html: a Markdown link" in found.stderr, found.stderr
+    assert "code fence" not in found.stderr and "bold" not in found.stderr, found.stderr  # code is content
+    (tmp_path / "io.html").write_text(page.replace("](../benchmarks.md#writing)", ""))
+    assert subprocess.run(check, capture_output=True, text=True, timeout=60).returncode == 0

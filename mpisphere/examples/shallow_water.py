@@ -106,7 +106,9 @@ class ShallowWaterSolver(Described):
         gradient of the depth's geopotential plus ``gravity * orography``.
     scheme : {"explicit", "semi-implicit"}, keyword-only
         ``"explicit"``: torch-harmonics' third-order Adams-Bashforth (the
-        default, bit-compatible with it). ``"semi-implicit"``: leapfrog
+        default; the same state as torch-harmonics' model to rounding when
+        torch runs in float64, to float32's precision in torch's default
+        float32, see :doc:`/guide/shallow-water`). ``"semi-implicit"``: leapfrog
         (steps of ``2 dt`` from the filtered state before) with the linear
         gravity-wave terms about a resting state of depth
         ``reference_depth`` (``d phi/dt = -g H delta``, ``d delta/dt = -lap

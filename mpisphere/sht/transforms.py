@@ -531,7 +531,7 @@ class DistributedRealSHT(Transform):
         started without blocking while the other chunk computes (needs a
         batch of at least twice the larger grid axis; the rest run as one
         chunk). Off by default: with MPICH's shared-memory transport on
-        this machine it hides nothing (docs/benchmarks.md, "Overlapping a
+        two cores it hid nothing (:doc:`/benchmarks`, "Overlapping a
         transpose with work"); a network that progresses on its own may
         gain. Costs a second set of pipeline buffers.
 
