@@ -11,7 +11,7 @@ outermost rings (the polar caps of a Gauss grid) have no enclosing cell and
 are refused.
 
 On a ring grid (a :class:`~mpisphere.RingGeometry` in place of ``nlat``,
-``nlon=None``: :class:`RingPointInterpolation`) the point lies between
+``nlon=None``: ``RingPointInterpolation``) the point lies between
 ring ``i`` and ring ``i + 1``; on each the value is interpolated linearly
 between the two points of that ring around its longitude, then linearly in
 colatitude between the rings. There are no halos on ring grids: the four
@@ -45,7 +45,7 @@ class PointInterpolation(LinearOperator):
     nlat, nlon : int, or a RingGeometry and None
         The global grid of the fields: regular, or the rings of a reduced
         one (then the fields are this rank's points, see
-        :class:`RingPointInterpolation`).
+        ``RingPointInterpolation``).
     lats, lons : array_like, shape ``(npoints,)``
         The points, in radians (latitude north positive, longitude east of
         0, any range: taken modulo ``2 pi``). The same on every rank (checked

@@ -2,7 +2,7 @@
 
 :class:`RingTiles` spreads a :class:`~mpisphere.RingGeometry` over a
 :class:`~mpisphere.ProcessGrid`: the rings in contiguous runs over the
-polar ranks, balanced by points (:func:`~mpisphere.rings.balanced_ring_split`),
+polar ranks, balanced by points (``balanced_ring_split``),
 and each ring's longitudes over the azimuth ranks
 (:func:`~mpisphere.split_sizes` of its length). A rank's field is
 ``(..., npoints)``: its share of each of its rings, ring after ring.
@@ -36,7 +36,7 @@ class RingTiles:
         This rank's points on each of its rings (its azimuth chunk).
     offsets : ndarray of int
         Where each of its rings starts in its flat points (``len(local_rings) + 1``
-        entries, the last is :attr:`npoints`).
+        entries, the last is ``npoints``).
     npoints : int
         This rank's points: the last axis of its fields.
 

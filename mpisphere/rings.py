@@ -8,20 +8,20 @@ a flat last axis; ring ``j`` holds ``nlon[j]`` points at longitudes
 
 Constructors:
 
-:meth:`RingGeometry.octahedral`
+:meth:`~mpisphere.RingGeometry.octahedral`
     ``O<N>``, ECMWF's octahedral reduced Gaussian grid: ``2 N`` Gaussian
     latitudes, ring ``j`` from either pole (``j = 1 .. N``) with
     ``20 + 4 (j - 1)`` points (O1280: 6 599 680 points).
-:meth:`RingGeometry.reduced_gaussian`
+:meth:`~mpisphere.RingGeometry.reduced_gaussian`
     a classic reduced Gaussian grid from its ring lengths (GRIB's ``pl``
     array of a ``reduced_gg`` grid), on the Gaussian latitudes of as many
     rings.
-:meth:`RingGeometry.regular`
+:meth:`~mpisphere.RingGeometry.regular`
     a regular grid (every ring ``nlon`` points) on any latitude rule: the
     special case, with the same default truncation as the regular
     transforms.
 
-:func:`balanced_ring_split` splits the rings into contiguous runs with
+``balanced_ring_split`` splits the rings into contiguous runs with
 nearly equal numbers of points (the polar ranks' shares).
 """
 

@@ -130,7 +130,7 @@ _RING_NOTES = """
 
     Notes
     -----
-    Points ``(..., npoints)`` (this rank's, :attr:`tiles` says which)
+    Points ``(..., npoints)`` (this rank's, :class:`~mpisphere.RingTiles` ``tiles`` says which)
     {vector}and coefficient blocks ``(..., l_loc, m_loc)`` as the regular
     transforms'. See :mod:`mpisphere.sht.reduced`.
 """

@@ -1,6 +1,6 @@
 """The Fourier side of a transform on a ring grid: whole rings from the azimuth ranks, one real FFT per ring length.
 
-:class:`RingFourier` replaces the first three stages of a regular
+``RingFourier`` replaces the first three stages of a regular
 transform's analysis (azimuth transpose, real FFT, truncation) and the last
 three of its synthesis. Its analysis ``forward`` maps this rank's points
 ``(B, C, npoints)`` (its share of each of its rings) to the orders of its
