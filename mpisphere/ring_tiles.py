@@ -154,7 +154,9 @@ class RingTiles:
                                  ValueError if backend.is_array(part) else TypeError)
             if dtypes.refusal(part.dtype, "moved"):
                 raise InputError(dtypes.refusal(part.dtype, "moved"), TypeError)
-        call.agree(root=root, lead=list(part.shape[:-1]), dtype=numpy.dtype(part.dtype).name)
+        # a rank whose part failed its checks has no shape to compare: its finding is what the others meet
+        held = None if call.error is not None else (list(part.shape[:-1]), numpy.dtype(part.dtype).name)
+        call.agree(root=root, part=held)
         xp = backend.array_module(part)
         lead = tuple(part.shape[:-1])
         indices = [self.point_indices(r) for r in range(grid.size)] if grid.rank == root else None

@@ -25,9 +25,9 @@ import threading
 import numpy
 from mpi4py import MPI
 
-from mpisphere import (CopyTo, DistributedInverseRealVectorSHT, DistributedRealSHT, GatherFrom, GatherFromCopyTo,
-                       HaloExchange, LinearOperator, PointInterpolation, ProcessGrid, ReduceFrom, ScatterTo, Transpose,
-                       config, dottest, split_sizes)
+from mpisphere import (CopyTo, DistributedInverseRealVectorSHT, DistributedRealSHT, DistributedReducedRealSHT,
+                       GatherFrom, GatherFromCopyTo, HaloExchange, LinearOperator, PointInterpolation, ProcessGrid,
+                       ReduceFrom, RingGeometry, RingTiles, ScatterTo, Transpose, config, dottest, split_sizes)
 from mpisphere.examples import ShallowWaterSolver
 from mpisphere.operators import DISTRIBUTED, Layout
 from mpisphere.sht import calculus
@@ -579,6 +579,35 @@ def shared_plain_batch_on_the_last_rank(comm, grid, me):
     op.update(padded)
 
 
+# --- issue 41: reduced grids; each mistake on the last rank only ---------------------------------------------
+
+def ring_gather_not_an_array_on_the_last_rank(comm, grid, me):
+    """The last rank hands RingTiles.gather a list where its points belong."""
+    tiles = RingTiles(grid, RingGeometry.octahedral(4))
+    part = numpy.zeros(tiles.npoints)
+    tiles.gather(part.tolist() if me == _last(comm) else part)
+
+
+def ring_scatter_points_on_the_last_rank(comm, grid, me):
+    """The last rank scatters a field with one point too many (root is the last rank)."""
+    rings = RingGeometry.octahedral(4)
+    field = numpy.zeros(rings.npoints + 1) if me == _last(comm) else None
+    RingTiles(grid, rings).scatter(field, root=_last(comm))
+
+
+def ring_points_on_the_last_rank(comm, grid, me):
+    """A reduced-grid transform whose input on the last rank has one point too many."""
+    sht = DistributedReducedRealSHT(grid, RingGeometry.octahedral(4))
+    sht.forward(numpy.zeros((2, sht.tiles.npoints + (me == _last(comm)))))
+
+
+def ring_interpolation_whole_field_on_the_last_rank(comm, grid, me):
+    """The last rank passes the whole field where its points belong."""
+    rings = RingGeometry.octahedral(4)
+    op = PointInterpolation(grid, rings, None, [0.3, -0.2], [1.0, 4.0])
+    op.forward(numpy.zeros(rings.npoints if me == _last(comm) else op.tiles.npoints))
+
+
 CASES = [chunk_width, batch_gather_from, batch_reduce_from, batch_transpose, batch_halo, batch_sht,
          dtype_gather_from, dtype_copy_to_adjoint, out_shape, out_dtype, out_read_only, other_operator,
          other_extent, sht_lmax, halo_wider_than_neighbour, halo_tile_widths, grid_dims, grid_invalid_dims,
@@ -601,7 +630,10 @@ CASES = [chunk_width, batch_gather_from, batch_reduce_from, batch_transpose, bat
          hyperdiffusion_negative_dt_on_the_last_rank,
          # issue 40
          shared_lead_on_the_last_rank, shared_without_extents_on_the_last_rank, shared_update_against_accumulate,
-         shared_plain_batch_on_the_last_rank]
+         shared_plain_batch_on_the_last_rank,
+         # issue 41
+         ring_gather_not_an_array_on_the_last_rank, ring_scatter_points_on_the_last_rank, ring_points_on_the_last_rank,
+         ring_interpolation_whole_field_on_the_last_rank]
 
 
 def main():

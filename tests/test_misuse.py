@@ -160,6 +160,16 @@ EXPECTED = {
     "shared_plain_batch_on_the_last_rank": ("ValueError", r"^HaloExchange.update: rank \d of {size} .*cannot exchange "
                                                           r"its halo: .*(not making the same call|could not complete "
                                                           r"its own)"),
+    # issue 41: reduced grids
+    "ring_gather_not_an_array_on_the_last_rank": ("TypeError", r"^RingTiles.gather: rank {last} of {size}: expected "
+                                                               r"this rank's points \(\.\.\., \d+\) of O4, got list$"),
+    "ring_scatter_points_on_the_last_rank": ("ValueError", r"^RingTiles.scatter: rank {last} of {size}: root {last}'s "
+                                                           r"field has 209 points in its last axis, O4 has 208$"),
+    "ring_points_on_the_last_rank": ("ValueError", r"^DistributedReducedRealSHT.forward: rank {last} of {size}: "
+                                                   r"expected a set of points of \(\d+,\) in the last 1 axes"),
+    "ring_interpolation_whole_field_on_the_last_rank": ("ValueError", r"^RingPointInterpolation.forward: rank {last} "
+                                                                      r"of {size}: expected this rank's points "
+                                                                      r"\(\.\.\., \d+\) of O4, got shape \(208,\)$"),
 }
 
 # the cases that need mpisphere.io (the io extra: Zarr, Python 3.11 and newer)

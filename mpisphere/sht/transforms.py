@@ -349,7 +349,8 @@ class Transform(LinearOperator):
             raise InputError(f"expected {what} of dtype {want.name}, got {spec.dtype.name}{hint}", TypeError)
         if len(spec.shape) < len(core) or spec.shape[len(spec.shape) - len(core):] != core:
             g = self.grid
-            shape_name = ("tile" if side_in == "grid" else "coefficient block")
+            shape_name = ("coefficient block" if side_in != "grid" else "tile" if len(self.tile_shape) == 2 else
+                          "set of points")
             comp = " (2 components first)" if self._components > 1 else ""
             raise InputError(f"expected a {shape_name} of {core}{comp} in the last {len(core)} axes for grid rank "
                              f"{g.rank} (polar {g.polar_rank}, azimuth {g.azimuth_rank}) of a {g.npolar} x "
