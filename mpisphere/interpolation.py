@@ -99,15 +99,8 @@ class PointInterpolation(LinearOperator):
             self.quadrature = rule(quadrature).name
         except ValueError as exc:
             raise ValueError(f"{who}: {exc}") from None
-        lats = numpy.asarray(lats, dtype=numpy.float64).reshape(-1)
-        lons = numpy.asarray(lons, dtype=numpy.float64).reshape(-1)
-        if lons.shape != lats.shape:
-            raise ValueError(f"{who}: lats and lons differ in length: {lats.size} and {lons.size}")
+        lats, lons = _check_points(who, lats, lons)
         self.npoints = lats.size
-        bad = numpy.flatnonzero(~(numpy.isfinite(lats) & numpy.isfinite(lons)))
-        if bad.size:
-            raise ValueError(f"{who}: {bad.size} of {lats.size} points are not finite (first: point {bad[0]}, "
-                             f"lat {lats[bad[0]]}, lon {lons[bad[0]]})")
         theta, _ = latitudes(self.nlat, self.quadrature)
         colat = 0.5 * math.pi - lats
         outside = (colat < theta[0]) | (colat > theta[-1])
@@ -137,14 +130,19 @@ class PointInterpolation(LinearOperator):
         self.domain = self.range = Layout(DISTRIBUTED, grid.cart)
         self._comm = grid.cart
 
+    def _what_a_rank_holds(self):
+        """How an error names this rank's input: its tile here, its points on rings."""
+        return f"this rank's tile (..., {self.tile[0]}, {self.tile[1]})"
+
     def _output(self, direction, spec):
         if dtypes.refusal(spec.dtype, "real field"):
             raise InputError(f"expected real fields: {dtypes.refusal(spec.dtype, 'real field')}", TypeError)
+        grid_axes = len(self.tile)
         if direction == FORWARD:
-            if spec.shape[-2:] != self.tile:
-                raise InputError(f"expected this rank's tile (..., {self.tile[0]}, {self.tile[1]}), got shape "
-                                 f"{spec.shape}")
-            return spec.but(shape=spec.shape[:-2] + (self.indices.size,)), spec.describe(masked=(-2, -1))
+            if spec.shape[len(spec.shape) - grid_axes:] != self.tile:
+                raise InputError(f"expected {self._what_a_rank_holds()}, got shape {spec.shape}")
+            return spec.but(shape=spec.shape[:len(spec.shape) - grid_axes] + (self.indices.size,)), \
+                spec.describe(masked=range(-grid_axes, 0))
         if spec.shape[-1:] != (self.indices.size,):
             raise InputError(f"expected the values at this rank's {self.indices.size} points (..., "
                              f"{self.indices.size}), got shape {spec.shape}")
@@ -263,6 +261,7 @@ class RingPointInterpolation(PointInterpolation):
                                        for rank, local in owner_of], dtype=numpy.int64).reshape(4, mine.size)
         self._weights = numpy.stack([w[mine] for w in weights])
         self.tile = (self.tiles.npoints,)
+        self._workspace = backend.Workspace()  # the host copies of device buffers, where MPI is not CUDA-aware
         self.domain = self.range = Layout(DISTRIBUTED, grid.cart)
         self._comm = grid.cart
 
@@ -289,23 +288,10 @@ class RingPointInterpolation(PointInterpolation):
         start_in_ring = numpy.where(azimuth < extra, azimuth * (base + 1), long_end + (azimuth - extra) * base)
         return polar * grid.nazimuth + azimuth, before[ring, azimuth] + k - start_in_ring
 
-    def _output(self, direction, spec):
-        if dtypes.refusal(spec.dtype, "real field"):
-            raise InputError(f"expected real fields: {dtypes.refusal(spec.dtype, 'real field')}", TypeError)
-        if direction == FORWARD:
-            if spec.shape[-1:] != self.tile:
-                raise InputError(f"expected this rank's points (..., {self.tile[0]}) of {self.rings.name}, got shape "
-                                 f"{spec.shape}")
-            return spec.but(shape=spec.shape[:-1] + (self.indices.size,)), spec.describe(masked=(-1,))
-        if spec.shape[-1:] != (self.indices.size,):
-            raise InputError(f"expected the values at this rank's {self.indices.size} points (..., "
-                             f"{self.indices.size}), got shape {spec.shape}")
-        return spec.but(shape=spec.shape[:-1] + self.tile), spec.describe(masked=(-1,))
+    def _what_a_rank_holds(self):
+        return f"this rank's points (..., {self.tile[0]}) of {self.rings.name}"
 
-    def _shapes(self, lead):
-        return lead + self.tile, lead + (self.indices.size,)
-
-    def _exchange(self, send_blocks, recv_sizes, batch, like):
+    def _exchange(self, send_blocks, recv_sizes, batch, like, staged):
         """One Alltoallv of ``(batch, n)`` blocks, one per rank; returns the received ``(batch, total)`` blocks."""
         xp = backend.array_module(like)
         send_counts = [batch * b.shape[-1] for b in send_blocks]
@@ -313,8 +299,7 @@ class RingPointInterpolation(PointInterpolation):
         recv_counts = [batch * n for n in recv_sizes]
         recv = xp.empty(sum(recv_counts), like.dtype)
         collectives.alltoallv(self._comm, send, send_counts, offsets_of(send_counts), recv, recv_counts,
-                              offsets_of(recv_counts), staged=backend.is_device_array(like) and
-                              not self.grid.cuda_aware[0])
+                              offsets_of(recv_counts), staged=staged, workspace=self._workspace)
         return [recv[o:o + c].reshape(batch, c // max(batch, 1)) for o, c in zip(offsets_of(recv_counts),
                                                                                   recv_counts)]
 
@@ -326,7 +311,8 @@ class RingPointInterpolation(PointInterpolation):
         weights = xp.asarray(self._weights.astype(x.dtype))
         positions = xp.asarray(self._positions)
         if direction == FORWARD:
-            blocks = self._exchange([flat[:, xp.asarray(idx)] for idx in self._send], received_sizes, batch, x)
+            blocks = self._exchange([flat[:, xp.asarray(idx)] for idx in self._send], received_sizes, batch, x,
+                                    context.staged)
             values = xp.concatenate(blocks, axis=1) if blocks else xp.zeros((batch, 0), x.dtype)
             out[...] = xp.sum(values[:, positions] * weights, axis=1).reshape(out.shape)
             return
@@ -334,7 +320,7 @@ class RingPointInterpolation(PointInterpolation):
         for corner in range(4):  # corners that share a value add up
             xp.add.at(spread, (slice(None), positions[corner]), flat * weights[corner])
         back = [spread[:, o:o + n] for o, n in zip(self._recv_offsets, received_sizes)]
-        arrived = self._exchange(back, [len(idx) for idx in self._send], batch, x)
+        arrived = self._exchange(back, [len(idx) for idx in self._send], batch, x, context.staged)
         target = out.reshape(batch, out.shape[-1])
         target[...] = 0
         for idx, block in zip(self._send, arrived):
