@@ -301,13 +301,18 @@ def _shows_progress(config):
     return choice == "always"
 
 
-def _progress_counts(path):
-    """``(tests done, tests collected, the one running)`` from a launch's progress file."""
+def _progress_lines(path):
+    """A launch's progress file as ``[(what, nodeid)]`` (see ``InnerPlugin._progress``); None if unreadable."""
     try:
         with open(path) as f:
-            lines = [line.rstrip("\n").split("\t", 1) for line in f if "\t" in line]
+            return [line.rstrip("\n").split("\t", 1) for line in f if "\t" in line]
     except OSError:
-        return 0, 0, None
+        return None
+
+
+def _progress_counts(path):
+    """``(tests done, tests collected, the one running)`` from a launch's progress file."""
+    lines = _progress_lines(path) or []
     collected = sum(1 for what, _ in lines if what == "collected")
     done = sum(1 for what, _ in lines if what == "done")
     started = [nodeid for what, nodeid in lines if what == "start"]
@@ -341,10 +346,8 @@ def _progress_report(path):
     The first line of a failed launch's report, so that pytest's summary
     line and a JUnit ``failure`` message name the tests, not only the launch.
     """
-    try:
-        with open(path) as f:
-            lines = [line.rstrip("\n").split("\t", 1) for line in f if "\t" in line]
-    except OSError:
+    lines = _progress_lines(path)
+    if lines is None:
         return "."
     collected, started, finished, failed = [], set(), set(), []
     for what, nodeid in lines:
