@@ -311,6 +311,25 @@ def test_point_interpolation_on_rings(grid):
     whole = rng.standard_normal(rings.npoints)
     values = exact.forward(whole[tiles.point_indices()])
     assert numpy.allclose(values, whole[on[exact.indices]], rtol=0, atol=1e-12)
+    # against a serial reference, point by point on the whole field: the rings above and below, on each the two
+    # points around the longitude, linear weights
+    whole = rng.standard_normal(rings.npoints)
+    theta, nlon, start = rings.theta, rings.nlon, rings.offsets
+    reference = []
+    for lat, lon in zip(lats, lons):
+        colat = numpy.pi / 2 - lat
+        i = max(j for j in range(rings.nrings - 1) if theta[j] <= colat)
+        value = 0.0
+        for ring, weight in ((i, (theta[i + 1] - colat) / (theta[i + 1] - theta[i])),
+                             (i + 1, (colat - theta[i]) / (theta[i + 1] - theta[i]))):
+            position = (lon % (2 * numpy.pi)) / (2 * numpy.pi) * nlon[ring]
+            k = int(position) % nlon[ring]
+            east = (k + 1) % nlon[ring]
+            value += weight * ((1 - (position - int(position))) * whole[start[ring] + k]
+                               + (position - int(position)) * whole[start[ring] + east])
+        reference.append(value)
+    got = op.forward(whole[tiles.point_indices()])
+    assert abs(got - numpy.array(reference)[op.indices]).max() <= 1e-14 * abs(whole).max()
     x = rng.standard_normal((2, tiles.npoints))
     y = op.forward(x)
     assert dottest(op, x, y + 0.1) <= 1e-13
