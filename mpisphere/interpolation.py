@@ -261,7 +261,8 @@ class RingPointInterpolation(PointInterpolation):
                                        for rank, local in owner_of], dtype=numpy.int64).reshape(4, mine.size)
         self._weights = numpy.stack([w[mine] for w in weights])
         self.tile = (self.tiles.npoints,)
-        self._workspace = backend.Workspace()  # the host copies of device buffers, where MPI is not CUDA-aware
+        self._workspace = backend.Workspace()  # the exchanges' buffers, and their host copies where staged
+        self._device = {}                       # index arrays and weights uploaded once per device
         self.domain = self.range = Layout(DISTRIBUTED, grid.cart)
         self._comm = grid.cart
 
@@ -291,37 +292,48 @@ class RingPointInterpolation(PointInterpolation):
     def _what_a_rank_holds(self):
         return f"this rank's points (..., {self.tile[0]}) of {self.rings.name}"
 
-    def _exchange(self, send_blocks, recv_sizes, batch, like, staged):
-        """One Alltoallv of ``(batch, n)`` blocks, one per rank; returns the received ``(batch, total)`` blocks."""
-        xp = backend.array_module(like)
-        send_counts = [batch * b.shape[-1] for b in send_blocks]
-        send = xp.concatenate([b.reshape(-1) for b in send_blocks]) if send_blocks else xp.zeros(0, like.dtype)
-        recv_counts = [batch * n for n in recv_sizes]
-        recv = xp.empty(sum(recv_counts), like.dtype)
+    def _exchange(self, widths, fill, recv_widths, batch, like, staged):
+        """One Alltoallv of ``(batch, width)`` blocks, one per rank, in the operator's kept buffers.
+
+        ``fill(q, block)`` writes the block for rank ``q``; returns the
+        blocks received from each rank (views of the receive buffer).
+        """
+        send_counts, recv_counts = [batch * w for w in widths], [batch * w for w in recv_widths]
+        send = self._workspace.scratch("send", like, sum(send_counts))
+        for q, (start, count) in enumerate(zip(offsets_of(send_counts), send_counts)):
+            fill(q, send[start:start + count].reshape(batch, widths[q]))
+        recv = self._workspace.scratch("recv", like, sum(recv_counts))
         collectives.alltoallv(self._comm, send, send_counts, offsets_of(send_counts), recv, recv_counts,
                               offsets_of(recv_counts), staged=staged, workspace=self._workspace)
-        return [recv[o:o + c].reshape(batch, c // max(batch, 1)) for o, c in zip(offsets_of(recv_counts),
-                                                                                  recv_counts)]
+        return [recv[start:start + count].reshape(batch, w)
+                for start, count, w in zip(offsets_of(recv_counts), recv_counts, recv_widths)]
+
+    def _sent(self, q, like):
+        """The local indices this rank sends rank ``q`` (on ``like``'s device)."""
+        return backend.on_device_of(like, self._send[q], self._device, ("sent", q))
 
     def _run(self, direction, x, out, context):
         xp = backend.array_module(x)
         size, batch = self.grid.size, math.prod(x.shape[:-1])
         flat = x.reshape(batch, x.shape[-1])
         received_sizes = [len(self._needs[self.grid.rank, q]) for q in range(size)]
-        weights = xp.asarray(self._weights.astype(x.dtype))
-        positions = xp.asarray(self._positions)
+        weights = backend.on_device_of(x, self._weights.astype(x.dtype), self._device, ("weights", x.dtype.str))
+        positions = backend.on_device_of(x, self._positions, self._device, "positions")
+        widths = [len(idx) for idx in self._send]
         if direction == FORWARD:
-            blocks = self._exchange([flat[:, xp.asarray(idx)] for idx in self._send], received_sizes, batch, x,
-                                    context.staged)
+            def gather(q, block):
+                xp.take(flat, self._sent(q, x), axis=1, out=block)
+            blocks = self._exchange(widths, gather, received_sizes, batch, x, context.staged)
             values = xp.concatenate(blocks, axis=1) if blocks else xp.zeros((batch, 0), x.dtype)
             out[...] = xp.sum(values[:, positions] * weights, axis=1).reshape(out.shape)
             return
         spread = xp.zeros((batch, self._nreceived), x.dtype)
         for corner in range(4):  # corners that share a value add up
             xp.add.at(spread, (slice(None), positions[corner]), flat * weights[corner])
-        back = [spread[:, o:o + n] for o, n in zip(self._recv_offsets, received_sizes)]
-        arrived = self._exchange(back, [len(idx) for idx in self._send], batch, x, context.staged)
+        def back(q, block):
+            block[...] = spread[:, self._recv_offsets[q]:self._recv_offsets[q] + received_sizes[q]]
+        arrived = self._exchange(received_sizes, back, widths, batch, x, context.staged)
         target = out.reshape(batch, out.shape[-1])
         target[...] = 0
-        for idx, block in zip(self._send, arrived):
-            target[:, xp.asarray(idx)] += block  # the indices sent to one rank are distinct
+        for q, block in enumerate(arrived):
+            target[:, self._sent(q, x)] += block  # the indices sent to one rank are distinct
