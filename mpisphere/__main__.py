@@ -8,7 +8,7 @@ the child crashes here than a user's job later. Run it on one rank, on the
 kind of node the job will use (``srun -n 1 python -m mpisphere diagnose``).
 
 ``calibrate`` measures the rates ``legendre="auto"`` chooses each
-batch's Legendre strategy by (:class:`mpisphere.sht.strategies.MachineModel`)
+batch's Legendre strategy by (``mpisphere.sht.strategies.MachineModel``)
 and prints them, or writes them with ``--out FILE`` for
 ``MPISPHERE_MACHINE_MODEL=FILE``. Run it on one core of a compute node, as
 the transforms run there (``OMP_NUM_THREADS=1 srun -n 1 python -m mpisphere
@@ -114,7 +114,7 @@ def main(argv=None):
 
 
 def calibrate(path=None, repeats=5, out=sys.stdout):
-    """Measure and print (or write) this machine's :class:`~mpisphere.sht.strategies.MachineModel`."""
+    """Measure and print (or write) this machine's ``mpisphere.sht.strategies.MachineModel``."""
     from .sht.calibration import calibrate as measure
     from .sht.strategies import MachineModel
     from .sht.strategies.machine import MODEL_VARIABLE

@@ -4,12 +4,12 @@ mpisphere works on NumPy arrays (host memory) and CuPy arrays (device
 memory) through the same code. This module answers the questions that
 differ between the two:
 
-* which module allocates outputs and scratch (:func:`array_module`);
-* on which device (:func:`device_of`);
+* which module allocates outputs and scratch (``array_module``);
+* on which device (``device_of``);
 * how device work is ordered against MPI (the stream rule below);
-* how host staging buffers are kept and reused (:class:`Workspace`);
-* how many GPUs this process sees (:func:`visible_device_count`; which one
-  a rank uses is :func:`mpisphere.devices.select_device`).
+* how host staging buffers are kept and reused (``Workspace``);
+* how many GPUs this process sees (``visible_device_count``; which one
+  a rank uses is ``mpisphere.devices.select_device``).
 
 CuPy is never imported here unless the caller already holds a CuPy array or
 asks for a device explicitly.
@@ -21,7 +21,7 @@ called and has written its receive buffers when it returns. CuPy orders work
 by stream: a kernel sees what earlier work *on its stream* wrote. So
 
 1. before a device buffer is handed to MPI, the kernels that produced it
-   must have finished: :func:`synchronize` waits for the *current* CuPy
+   must have finished: ``synchronize`` waits for the *current* CuPy
    stream of the buffer's device (not the whole device). Work that produced
    the buffer on another stream is the caller's to order (as with any CuPy
    code that mixes streams);
@@ -31,7 +31,7 @@ by stream: a kernel sees what earlier work *on its stream* wrote. So
    are waited for before MPI reads the host buffer; host-to-device copies are
    queued on the current stream, so later kernels on it see the data, and a
    CUDA event recorded after them guards the pinned buffer against being
-   overwritten before the copy has read it (:meth:`Workspace.guard`; every
+   overwritten before the copy has read it (``Workspace.guard``; every
    pinned buffer that a copy to the device reads is guarded so);
 4. an operator's result is ordered on the stream that was current when it
    was called, like the result of any CuPy function: work queued later on
@@ -40,7 +40,7 @@ by stream: a kernel sees what earlier work *on its stream* wrote. So
 5. device memory an operator keeps across calls (its workspaces, plans and
    uploaded constants) is safe to use from any stream: a buffer used last on
    another stream makes the current stream wait for that stream's work
-   first (:class:`StreamOrder`, an event, no host synchronisation), and a
+   first (``StreamOrder``, an event, no host synchronisation), and a
    constant is uploaded with a synchronisation, once.
 """
 
@@ -316,7 +316,7 @@ class Workspace:
     needed, so memory is bounded by the largest shape an operator has seen,
     never by the number of calls. Outputs handed to the caller are never taken
     from here. A device buffer asked for on another stream than the one that
-    used it last is ordered after that stream's work (:class:`StreamOrder`).
+    used it last is ordered after that stream's work (``StreamOrder``).
 
     A workspace belongs to one operator and is not meant to be shared between
     threads.

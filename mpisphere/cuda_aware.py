@@ -17,9 +17,9 @@ several sources, the first definite answer winning:
 5. otherwise: not CUDA-aware (stage through host memory; always safe).
 
 This module is the one home of the decision: detection
-(:func:`local_verdict`, remembered per process by :func:`detect`), the
-override, the agreement over a communicator (:func:`decide`), the
-description of the path (:func:`describe_path`) and :func:`reset` for
+(``local_verdict``, remembered per process by ``detect``), the
+override, the agreement over a communicator (``decide``), the
+description of the path (``describe_path``) and ``reset`` for
 tests. Operators need no separate call: every operator call that carries
 device buffers agrees on the answer as part of its agreement step (one more
 integer in the same reduction), so all ranks take the same path.
@@ -167,13 +167,13 @@ def detect():
     """This process's detected verdict (no override), computed once and remembered.
 
     The MPI library cannot change while a process runs, so the answer is
-    kept; :func:`reset` forgets it (tests, or after changing the environment).
+    kept; ``reset`` forgets it (tests, or after changing the environment).
     """
     return local_verdict(None)
 
 
 def verdict():
-    """This rank's answer now: the override of ``mpisphere.config.cuda_aware`` if set, else :func:`detect`."""
+    """This rank's answer now: the override of ``mpisphere.config.cuda_aware`` if set, else ``detect``."""
     if config.cuda_aware is not None:
         return local_verdict(config.cuda_aware)
     return detect()
@@ -205,5 +205,5 @@ def describe_path(aware, source, force_staging=False):
 
 
 def reset():
-    """Forget the detected verdict, so that the next call of :func:`detect` looks again."""
+    """Forget the detected verdict, so that the next call of ``detect`` looks again."""
     detect.cache_clear()

@@ -7,8 +7,8 @@
 * Transforms take float32 or float64 fields and give complex64 or
   complex128 coefficients.
 
-Each role's dtypes are in :data:`ROLES`; :func:`refusal` says why a dtype
-does not fit a role, and :func:`mpisphere.validation.check_dtype` raises it.
+Each role's dtypes are in ``ROLES``; ``refusal`` says why a dtype
+does not fit a role, and ``mpisphere.validation.check_dtype`` raises it.
 No MPI here: :mod:`mpisphere.collectives` maps these dtypes to MPI types.
 """
 
@@ -28,7 +28,7 @@ ROLES = {
 
 
 def refusal(dtype, role="moved"):
-    """Why ``dtype`` does not fit ``role`` (a key of :data:`ROLES`), or ``None`` if it does."""
+    """Why ``dtype`` does not fit ``role`` (a key of ``ROLES``), or ``None`` if it does."""
     try:
         dtype = numpy.dtype(dtype)
     except TypeError:

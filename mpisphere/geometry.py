@@ -1,7 +1,7 @@
 """Halo widths from geometry: the latitudes a localized operator reaches, and the rows a polar rank borrows.
 
-:func:`latitude_support_band` gives, for each output latitude, the band of
-input latitudes within an angular radius; :func:`polar_halo_radius` turns
+:func:`~mpisphere.latitude_support_band` gives, for each output latitude, the band of
+input latitudes within an angular radius; :func:`~mpisphere.polar_halo_radius` turns
 it into the halo width (in rows) a :class:`~mpisphere.HaloExchange` needs
 on a given split of the latitudes. No communication: the same on every rank.
 """

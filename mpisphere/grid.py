@@ -114,20 +114,20 @@ class ProcessGrid:
         ``[False, True]``, ranks row-major.
     polar : GridComm
         The ranks that share this rank's azimuth index (a column of the grid);
-        its rank is :attr:`polar_rank`. Latitude splits use it.
+        its rank is ``polar_rank``. Latitude splits use it.
     azimuth : GridComm
         The ranks that share this rank's polar index (a row of the grid); its
-        rank is :attr:`azimuth_rank`. Longitude splits use it.
+        rank is ``azimuth_rank``. Longitude splits use it.
     npolar, nazimuth : int
     rank, size : int
-        This rank and the number of ranks in :attr:`cart`.
+        This rank and the number of ranks in ``cart``.
     polar_rank, azimuth_rank : int
     polar_neighbors : (int, int)
-        ``(north, south)`` ranks in :attr:`polar`, ``MPI.PROC_NULL`` past the poles.
+        ``(north, south)`` ranks in ``polar``, ``MPI.PROC_NULL`` past the poles.
     azimuth_neighbors : (int, int)
-        ``(west, east)`` ranks in :attr:`azimuth`, periodic.
+        ``(west, east)`` ranks in ``azimuth``, periodic.
     cuda_aware : (bool, str)
-        The CUDA-aware decision agreed over :attr:`cart` at construction,
+        The CUDA-aware decision agreed over ``cart`` at construction,
         and where it came from (see :mod:`mpisphere.cuda_aware`).
 
     Raises
@@ -426,7 +426,7 @@ class ProcessGrid:
         ValueError, TypeError, MemoryError
             On every rank, before any data moves: ranks that name different
             roots, tiles that do not fit together as the
-            :func:`~mpisphere.partition.split_sizes` tiles of one field, or a
+            ``mpisphere.partition.split_sizes`` tiles of one field, or a
             field root cannot allocate.
         """
         return self._gather(tile, root, warn_balanced=True)

@@ -1,7 +1,7 @@
 """How an extent is divided among ranks, and the batch-axis bookkeeping.
 
 Every operator in mpisphere splits an extent ``n`` over ``parts`` ranks with
-:func:`split_sizes`: balanced, the first ``n % parts`` chunks one larger, in
+:func:`~mpisphere.split_sizes`: balanced, the first ``n % parts`` chunks one larger, in
 rank order, every chunk non-empty. Because all of them use this one rule,
 any two operators agree on who owns what.
 
@@ -66,7 +66,7 @@ def split_sizes(n, parts):
 
 
 def split_offsets(n, parts):
-    """Start index of every chunk of :func:`split_sizes` (``parts`` entries)."""
+    """Start index of every chunk of :func:`~mpisphere.split_sizes` (``parts`` entries)."""
     return offsets_of(split_sizes(n, parts))
 
 
@@ -100,7 +100,7 @@ def normalize_axis(axis, ndim, who="axis"):
 
 
 def split_along(x, axis, parts):
-    """Split ``x`` along ``axis`` into :func:`split_sizes` chunks.
+    """Split ``x`` along ``axis`` into :func:`~mpisphere.split_sizes` chunks.
 
     Parameters
     ----------

@@ -10,7 +10,8 @@ operator one of its operators: a point's local part is this rank's piece
 is then mpisphere's inner product, and ``rmatvec`` is the exact adjoint).
 No rank ever holds the global vector.
 
-:func:`to_distributed` and :func:`from_distributed` move a rank's piece into
+:func:`~mpisphere.pylops_bridge.to_distributed` and
+:func:`~mpisphere.pylops_bridge.from_distributed` move a rank's piece into
 such a ``DistributedArray`` and back.
 """
 
@@ -64,7 +65,7 @@ def asmpilinearoperator(op, lead=(), dtype=None):
         Real, of global shape ``(M, N)`` (the sums of the ranks' flattened
         pieces, complex counted twice). ``matvec`` and ``rmatvec`` take and
         return ``DistributedArray`` objects whose local parts are this rank's
-        pieces (:func:`to_distributed`, :func:`from_distributed`).
+        pieces (:func:`~mpisphere.pylops_bridge.to_distributed`, :func:`~mpisphere.pylops_bridge.from_distributed`).
 
     Notes
     -----

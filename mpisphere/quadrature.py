@@ -14,7 +14,7 @@ field:
     Gauss-Lobatto-Legendre: the poles and the roots of ``P'_{n-1}``; exact to
     degree ``2n - 3``.
 
-Each rule is one :class:`QuadratureRule` record in :data:`RULES` (nodes and
+Each rule is one ``QuadratureRule`` record in ``RULES`` (nodes and
 weights, exact degree, torch-harmonics 0.9's default truncation, aliases,
 fewest points); a new rule is one more record. Nothing here communicates;
 every rank computes the same numbers.
@@ -179,7 +179,7 @@ QUADRATURES = tuple(RULES)
 
 
 def rule(quadrature):
-    """The :class:`QuadratureRule` named ``quadrature`` (or one of its aliases)."""
+    """The ``QuadratureRule`` named ``quadrature`` (or one of its aliases)."""
     aliases = {alias: r.name for r in RULES.values() for alias in (r.name,) + tuple(r.aliases)}
     return RULES[check_choice(quadrature, QUADRATURES, "quadrature", aliases=aliases)]
 
@@ -221,7 +221,7 @@ def truncate_sht(nlat, nlon, lmax=None, mmax=None, quadrature="equiangular"):
         The grid.
     lmax, mmax : int, optional
         Requested numbers of degrees and orders (exclusive bounds). Default:
-        :func:`default_lmax` and the Nyquist limit ``nlon // 2 + 1``.
+        ``default_lmax`` and the Nyquist limit ``nlon // 2 + 1``.
     quadrature : {"equiangular", "legendre-gauss", "lobatto"}
 
     Returns

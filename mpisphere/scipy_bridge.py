@@ -1,6 +1,6 @@
 """An operator on one rank as a ``scipy.sparse.linalg.LinearOperator`` (SciPy imported when called).
 
-:func:`aslinearoperator` hands any :class:`~mpisphere.LinearOperator` whose
+:func:`~mpisphere.aslinearoperator` hands any :class:`~mpisphere.LinearOperator` whose
 ranks are a single process to SciPy's iterative solvers and algebra:
 ``matvec`` is ``forward`` and ``rmatvec`` is ``adjoint``, on flattened
 arrays. mpisphere's adjoints are taken in the real inner product, in which

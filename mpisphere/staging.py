@@ -2,9 +2,9 @@
 
 When MPI cannot read device memory, a call's device buffers are copied to
 page-locked (pinned) host buffers, MPI runs on those, and the received data
-is copied back. :class:`HostStage` does that for one call, with host
-buffers kept in the caller's :class:`~mpisphere.backend.Workspace` (nothing
-is allocated after the first call). :func:`alltoallv_pipelined` is the
+is copied back. ``HostStage`` does that for one call, with host
+buffers kept in the caller's ``mpisphere.backend.Workspace`` (nothing
+is allocated after the first call). ``alltoallv_pipelined`` is the
 all-to-all through host memory with the copies overlapped with the
 messages.
 

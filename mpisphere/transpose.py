@@ -4,8 +4,8 @@
 whole along ``a`` and split along ``b``, the output split along ``a`` and
 whole along ``b``; the adjoint is the reverse transpose. Its counts,
 displacements and buffers are planned once per (direction, shape, dtype,
-device) (:class:`_TransposePlan`). It also has a non-blocking form,
-:meth:`Transpose.start_forward` and :meth:`Transpose.start_adjoint`, which
+device) (``_TransposePlan``). It also has a non-blocking form,
+:meth:`~mpisphere.Transpose.start_forward` and :meth:`~mpisphere.Transpose.start_adjoint`, which
 return an :class:`Exchange` to ``wait()`` on, so that a caller can overlap
 the exchange with work.
 """
@@ -100,7 +100,7 @@ class _TransposePlan:
 
 
 class Exchange:
-    """A :class:`Transpose` in flight, from :meth:`Transpose.start_forward` or ``start_adjoint``.
+    """A :class:`Transpose` in flight, from :meth:`~mpisphere.Transpose.start_forward` or ``start_adjoint``.
 
     Call :meth:`wait` to complete it: it returns the result (``out`` when one
     was given). Until then the input must not be modified and the output not
@@ -296,7 +296,7 @@ class Transpose(CommunicatorOperator):
     def start_forward(self, x, out=None):
         """Start the forward transpose; returns an :class:`Exchange` whose ``wait()`` gives the result.
 
-        Collective, and checked and agreed like :meth:`forward` (the ranks
+        Collective, and checked and agreed like :meth:`~mpisphere.LinearOperator.forward` (the ranks
         must all start, in the same order; blocking and non-blocking calls do
         not match each other).
         """

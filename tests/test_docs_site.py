@@ -1,8 +1,8 @@
 """The documentation's structure: a short README whose links resolve, and an API page for every public name.
 
-The site itself is built with warnings as errors by ``.ci/docs`` (``sphinx-build -W``); these serial checks
-catch what a build cannot: a public name added without a page, a module missing from the internals page, a
-README that grows back into a manual.
+The site itself is built with warnings as errors and in nitpicky mode by ``.ci/docs`` (``sphinx-build -W -n``);
+these serial checks catch what a build cannot: a public name added without a page, a module missing from the
+internals page, a README that grows back into a manual.
 """
 
 import ast
@@ -66,6 +66,16 @@ def test_every_guide_page_is_in_the_guide_toctree():
     index = (ROOT / "docs" / "guide" / "index.md").read_text()
     pages = {p.stem for p in (ROOT / "docs" / "guide").glob("*.md")} - {"index"}
     assert not {p for p in pages if f"\n{p}\n" not in index}
+
+
+def test_the_ci_builds_the_docs_nitpicky_with_warnings_as_errors_and_checks_for_unrendered_markdown():
+    script = (ROOT / ".ci" / "docs").read_text()
+    builds = [line for line in script.splitlines() if line.lstrip().startswith("sphinx-build")]
+    assert builds, ".ci/docs no longer builds the site"
+    assert all(set(line.split()) >= {"-W", "-n", "-E"} for line in builds), builds
+    assert ".ci/unrendered-markdown" in script
+    assert "-n" in re.search(r"sphinx-build[^`\n]*", (ROOT / "README.md").read_text()).group().split()
+    assert "docs" in (ROOT / ".ci" / "run").read_text()
 
 
 def test_the_unrendered_markdown_check_finds_a_nested_link_and_passes_clean_pages(tmp_path):

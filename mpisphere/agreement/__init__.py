@@ -7,8 +7,8 @@ waiting. This module holds everything that decides it:
 
 Descriptions
     What a rank compares is derived from how an object was built, never
-    written by hand: :class:`Described` records every constructor argument
-    of its subclasses (defaults filled in) and :func:`description_of`
+    written by hand: :class:`~mpisphere.Described` records every constructor argument
+    of its subclasses (defaults filled in) and ``description_of``
     renders them, numbers by value, arrays by a hash of their bytes (equal
     NaNs compare equal), grids and communicators by their shape and name,
     other described objects by their own description. Arguments that
@@ -17,27 +17,27 @@ Descriptions
     and number of axes only.
 
 Four strategies
-    * :func:`agree`, over a communicator, before every call of an operator
+    * ``agree``, over a communicator, before every call of an operator
       that communicates on it: one ``Allreduce`` (MAX) of six integers (an
       error flag, two digests and their negations, the CUDA-aware flag);
       the full descriptions are exchanged only when something differs,
       then every rank raises the same error naming who has what.
-    * :class:`NeighbourRound`, with the neighbours of a grid, for halo
+    * ``NeighbourRound``, with the neighbours of a grid, for halo
       exchanges: the record travels in front of the data (a header of eight
       integers before every data message, which announces the data's size),
       so agreeing costs no extra round trip; a rank that finds a mismatch
       still sends and drains every message of the call, and tells the others
       in its next headers.
-    * :func:`agree_construction`, once, when an object whose parameters
+    * :func:`~mpisphere.agree_construction`, once, when an object whose parameters
       decide who talks to whom (a halo's widths and poles, the points of an
       interpolation, a model's time step) is built: collective over the
       object's communicator.
-    * :func:`settle`, after a step whose outcome may differ between ranks
+    * ``settle``, after a step whose outcome may differ between ranks
       (a file written or read): one ``Allreduce`` of an error flag, always.
 
 One protocol
-    Every collective call outside the operators runs as a :class:`Call`:
-    validate locally, allocate, agree (by value: :func:`canonical`),
+    Every collective call outside the operators runs as a ``Call``:
+    validate locally, allocate, agree (by value: ``canonical``),
     communicate, settle; :func:`collective` marks such a public method and
     holds its grid's guard. The operators' ``_apply`` runs the same steps.
 
@@ -47,7 +47,7 @@ Stalls
     aborts the job at an optional deadline.
 
 Threads
-    :class:`CallGuard` is the one lock of a grid. A call that finds the
+    ``CallGuard`` is the one lock of a grid. A call that finds the
     grid busy with another thread raises on its rank at once, and the
     thread that holds the grid runs the refused call's agreement with an
     error when it finishes, so every other rank raises for that call too and

@@ -3,7 +3,7 @@
 :class:`~mpisphere.LinearOperator` runs these steps for every operator
 (``_apply``). The other collective entry points (a grid's scatter and
 gather, a store's reads and writes, checkpoints, a model's steps, saves and
-histories, the bridges) run them through a :class:`Call`::
+histories, the bridges) run them through a ``Call``::
 
     call = Call(grid.cart, "FieldStore.write_tiles('u')")
     with call.local():                 # this rank's checks and allocations
@@ -15,9 +15,9 @@ histories, the bridges) run them through a :class:`Call`::
     call.agree()                        # settle: every rank raises what any rank met
     offset = call.root(prepare, "cannot create 'u'")   # rank 0's result everywhere, or its failure
 
-What the ranks must agree on is given by value (:func:`canonical`: dict
+What the ranks must agree on is given by value (``canonical``: dict
 keys sorted, arrays as lists, floats exactly), so equal values in another
-key order agree and different values never do. :func:`collective` marks a
+key order agree and different values never do. ``collective`` marks a
 public method that runs such a call and holds its grid's guard while it
 does; ``tests/test_architecture.py`` refuses a public method of a
 communicating class without it, and an agreement written by hand.
@@ -126,7 +126,7 @@ class Call:
         """Collective: raise every rank's finding on every rank, or differing ``values``; else go on.
 
         ``values`` (or ``description``) is what every rank must hold alike,
-        compared by value (:func:`canonical`). The finding is cleared: the
+        compared by value (``canonical``). The finding is cleared: the
         call goes on to its next step.
         """
         text = description if description is not None else (canonical(values) if values else "")

@@ -1,4 +1,4 @@
-"""The agreement over a communicator: per call (:func:`agree`) or once at construction, and its errors."""
+"""The agreement over a communicator: per call (``agree``) or once at construction, and its errors."""
 
 
 import numpy

@@ -94,7 +94,7 @@ class Described:
     """An object whose description (what ranks compare) is derived from its constructor arguments.
 
     Every subclass's ``__init__`` records the arguments it was called with
-    (defaults filled in) before it runs; :func:`description_of` renders them
+    (defaults filled in) before it runs; ``description_of`` renders them
     as ``Class(name=value, ...)``. A subclass names the arguments that
     legitimately differ between ranks in ``_per_rank``; nothing else is ever
     left out, so a parameter cannot be forgotten.

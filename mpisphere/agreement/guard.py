@@ -1,4 +1,4 @@
-"""The one lock of a grid (:class:`CallGuard`): a call from a second thread is refused on every rank."""
+"""The one lock of a grid (``CallGuard``): a call from a second thread is refused on every rank."""
 
 import threading
 

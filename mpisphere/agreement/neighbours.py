@@ -1,4 +1,4 @@
-"""The agreement with a grid's neighbours: headers that travel in front of the data (:class:`NeighbourRound`)."""
+"""The agreement with a grid's neighbours: headers that travel in front of the data (``NeighbourRound``)."""
 
 import math
 

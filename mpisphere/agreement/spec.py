@@ -1,4 +1,4 @@
-"""What a call is about: its input (:class:`Spec`), a rank's finding (:class:`InputError`), the agreed context."""
+"""What a call is about: its input (``Spec``), a rank's finding (``InputError``), the agreed context."""
 
 import collections
 
@@ -15,7 +15,7 @@ class Spec(collections.namedtuple("Spec", "shape dtype device")):
 
     @classmethod
     def of(cls, a, what="input"):
-        """The spec of array ``a``; an :class:`InputError` (TypeError) for anything else."""
+        """The spec of array ``a``; an ``InputError`` (TypeError) for anything else."""
         if not backend.is_array(a):
             # a bridge hands its refusal over as such an object, so that the operator raises it on every rank
             raise InputError(getattr(a, "mpisphere_refusal", None) or

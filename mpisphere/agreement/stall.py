@@ -3,7 +3,7 @@
 A rank that never enters a call the others are in (it raised outside
 mpisphere, returned early, was given the call on some ranks only, or makes
 its calls in another order) leaves them waiting in the agreement, the first
-step of every collective call. Where MPI would spin silently, :func:`wait`
+step of every collective call. Where MPI would spin silently, ``wait``
 polls the agreement's non-blocking reduction and, after
 ``config.stall_report`` seconds, prints once to stderr where this rank
 waits, which ranks of the call are waiting too (and in which call) and which
@@ -12,7 +12,7 @@ seconds it prints the report again and aborts the job: no rank can leave a
 collective another rank never joins.
 
 The waiting ranks learn of each other by point-to-point messages (tag
-:data:`STALL_TAG`) sent only when the report is due: a call that completes
+``STALL_TAG``) sent only when the report is due: a call that completes
 in time costs a non-blocking reduction and its polling (no slower than the
 blocking one here: ``scripts/bench_primitives.py``'s agreement rows).
 """

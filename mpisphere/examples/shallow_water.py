@@ -30,12 +30,12 @@ adjoint follow either scheme. Orography
 (``orography=``) enters the momentum equation only.
 
 Initial conditions: Galewsky et al. (2004)'s barotropically unstable jet
-(:meth:`galewsky_initial_condition`), Williamson et al. (1992)'s test case 2,
+(:meth:`~mpisphere.examples.ShallowWaterSolver.galewsky_initial_condition`), Williamson et al. (1992)'s test case 2,
 steady zonal geostrophic flow with a known exact solution
-(:meth:`williamson2_initial_condition`), case 5, zonal flow over an
-isolated mountain (:meth:`williamson5_initial_condition`), case 6, the
-Rossby-Haurwitz wave of wavenumber 4 (:meth:`williamson6_initial_condition`),
-and random fields (:meth:`random_initial_condition`).
+(:meth:`~mpisphere.examples.ShallowWaterSolver.williamson2_initial_condition`), case 5, zonal flow over an
+isolated mountain (:meth:`~mpisphere.examples.ShallowWaterSolver.williamson5_initial_condition`), case 6, the
+Rossby-Haurwitz wave of wavenumber 4 (:meth:`~mpisphere.examples.ShallowWaterSolver.williamson6_initial_condition`),
+and random fields (:meth:`~mpisphere.examples.ShallowWaterSolver.random_initial_condition`).
 """
 
 import math
@@ -142,7 +142,7 @@ class ShallowWaterSolver(Described):
         itself applies the operators below).
     laplacian, inverse_laplacian, hyperdiffusion : LinearOperator
         The same as operators on coefficient blocks
-        (:func:`~mpisphere.sht.calculus.laplacian` and its neighbours).
+        (``mpisphere.sht.calculus.laplacian`` and its neighbours).
     uv_to_vrtdiv, vrtdiv_to_uv : LinearOperator
         Winds ``(..., 2, h, w)`` to the coefficients of vorticity and
         divergence ``(..., 2, l_loc, m_loc)`` and back
@@ -593,7 +593,7 @@ class ShallowWaterSolver(Described):
 
         Runs the nonlinear model once, storing its trajectory (four tile
         fields per step, ``32 h w`` bytes per step on each rank). The
-        returned :class:`~mpisphere.examples.tangent_linear.TangentLinearModel`
+        returned ``mpisphere.examples.tangent_linear.TangentLinearModel``
         ``M`` maps a perturbation of this rank's block ``(..., 3, l_loc,
         m_loc)`` at the start to the perturbation after ``nsteps`` steps
         (``M.forward``), and back (``M.adjoint``, the gradient of ``<M du,

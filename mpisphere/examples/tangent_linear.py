@@ -1,6 +1,6 @@
 """The tangent-linear and adjoint shallow-water model, as one LinearOperator.
 
-:meth:`ShallowWaterSolver.linearize` returns a :class:`TangentLinearModel`:
+:meth:`~mpisphere.examples.ShallowWaterSolver.linearize` returns a ``TangentLinearModel``:
 ``forward(du)`` integrates the tangent-linear (TL) model along a stored
 trajectory, ``adjoint(au)`` its exact adjoint (AD), both from this rank's
 block ``(..., 3, l_loc, m_loc)`` to this rank's block.
@@ -9,7 +9,7 @@ The linearised tendency ``F_n`` is the model's own chain of operators
 (the scalar and vector transforms, the calculus operators of
 :mod:`mpisphere.sht.calculus`) around the pointwise products of the
 nonlinear terms linearised about step ``n``'s fields
-(:class:`LinearisedProducts`, the one piece written by hand, with its own
+(``LinearisedProducts``, the one piece written by hand, with its own
 adjoint and dot test). The adjoint ``F_n^T`` applies the same operators'
 ``.H`` in reverse order. The time scheme is
 :mod:`~mpisphere.examples.time_stepping`'s, whose adjoint runs the
@@ -102,7 +102,7 @@ class LinearisedProducts(LinearOperator):
 class TangentLinearModel(LinearOperator):
     """The TL model (``forward``) and its adjoint along one trajectory of a :class:`ShallowWaterSolver`.
 
-    Built by :meth:`ShallowWaterSolver.linearize`; not constructed directly.
+    Built by :meth:`~mpisphere.examples.ShallowWaterSolver.linearize`; not constructed directly.
 
     Parameters
     ----------

@@ -6,9 +6,9 @@ second step, then an implicit diffusion ``D``::
 
     u_{n+1} = D (u_n + dt sum_j c_{n,j} f(u_{n-j}))
 
-with the weights ``c`` of :func:`adams_bashforth` (:func:`integrate`).
+with the weights ``c`` of ``adams_bashforth`` (``integrate``).
 
-The semi-implicit scheme (:func:`integrate_leapfrog`) is the spectral
+The semi-implicit scheme (``integrate_leapfrog``) is the spectral
 models' (STSWM's): leapfrog with a linear part ``L`` of the tendency (the
 gravity waves) averaged over the two ends of the step, and a
 Robert-Asselin filter of strength ``alpha``::
@@ -22,8 +22,8 @@ and ``v_0 = u_0``.
 
 The nonlinear model and its tangent-linear run the same functions (with
 ``f`` the tendency or its Jacobian at step ``n``); the adjoint runs the
-recurrences transposed, backwards in time (:func:`integrate_adjoint`,
-:func:`integrate_leapfrog_adjoint`).
+recurrences transposed, backwards in time (``integrate_adjoint``,
+``integrate_leapfrog_adjoint``).
 """
 
 import numpy
@@ -51,7 +51,7 @@ class ImplicitPart:
 class AdamsBashforthHistory:
     """What the scheme remembers between calls: the steps taken and the latest two tendencies.
 
-    Pass one to :func:`integrate` (or ``ShallowWaterSolver.timestep``) to
+    Pass one to ``integrate`` (or ``ShallowWaterSolver.timestep``) to
     continue a run where the previous call stopped: the calls then take
     the same steps, bit for bit, as one call of their total length. A
     checkpoint stores it (``ShallowWaterSolver.save``).
@@ -122,7 +122,7 @@ def integrate(state, nsteps, dt, tendency, diffuse, history=None):
 
 
 def integrate_adjoint(adjoint, nsteps, dt, tendency_adjoint, diffuse_adjoint):
-    """The adjoint of :func:`integrate`'s linear recurrence (the tangent-linear one) applied to ``adjoint``.
+    """The adjoint of ``integrate``'s linear recurrence (the tangent-linear one) applied to ``adjoint``.
 
     Parameters
     ----------
@@ -150,7 +150,7 @@ class LeapfrogHistory:
     """What the semi-implicit leapfrog remembers between calls: the steps taken and the filtered previous state.
 
     The counterpart of :class:`AdamsBashforthHistory` for
-    :func:`integrate_leapfrog` (``ShallowWaterSolver(scheme="semi-implicit")``).
+    ``integrate_leapfrog`` (``ShallowWaterSolver(scheme="semi-implicit")``).
 
     Attributes
     ----------
@@ -184,7 +184,7 @@ def integrate_leapfrog(state, nsteps, dt, tendency, diffuse, implicit, alpha, hi
     dt : float
         The step (a leapfrog step spans ``2 dt``).
     tendency, diffuse : callable
-        As in :func:`integrate`; ``diffuse`` is one step's (applied twice per leapfrog step).
+        As in ``integrate``; ``diffuse`` is one step's (applied twice per leapfrog step).
     implicit : ImplicitPart
         ``L``, the part averaged over the ends of each step.
     alpha : float
@@ -213,7 +213,7 @@ def integrate_leapfrog(state, nsteps, dt, tendency, diffuse, implicit, alpha, hi
 
 
 def integrate_leapfrog_adjoint(adjoint, nsteps, dt, tendency_adjoint, diffuse_adjoint, implicit, alpha):
-    """The adjoint of :func:`integrate_leapfrog`'s linear recurrence (from step 0) applied to ``adjoint``.
+    """The adjoint of ``integrate_leapfrog``'s linear recurrence (from step 0) applied to ``adjoint``.
 
     The forward recurrence carries ``(v_{n-1}, u_n)``; its transpose carries
     their adjoints ``(b, a)`` back from ``(0, adjoint)`` at the last step.

@@ -1,6 +1,6 @@
 """Halo (ghost-cell) exchange on the process grid and its adjoint.
 
-:mod:`.exchange` holds :class:`HaloExchange` and :class:`HaloReduce` (with
+:mod:`.exchange` holds :class:`~mpisphere.HaloExchange` and :class:`~mpisphere.HaloReduce` (with
 the neighbour agreement in their messages); :mod:`.pattern` what a call
 moves (widths, neighbours, the moves of each phase), :mod:`.poles` what lies
 past the poles (one boundary class each), :mod:`.plan` the message path

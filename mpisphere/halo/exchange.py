@@ -44,7 +44,7 @@ The ranks agree twice:
   message carries a header of twelve integers in front of its data (this
   rank's verdict on its own input, a digest of the call, its tile's height
   and width, the size of the data that follows; see
-  :class:`~mpisphere.agreement.NeighbourRound`). Every call exchanges a
+  ``mpisphere.agreement.NeighbourRound``). Every call exchanges a
   message with each of the four direct neighbours in both phases, whatever
   its widths (a zero width sends a header and no data), so any two halo calls
   on neighbouring ranks exchange the same messages and every mismatch (another
@@ -63,8 +63,8 @@ Two paths for the data
 ----------------------
 Each block goes one of two ways, chosen by its sender, message by message:
 
-* **shared memory**: the sender's padded tile comes from :meth:`HaloExchange.zeros`
-  or :meth:`~HaloExchange.empty` (a window shared by the ranks of the node,
+* **shared memory**: the sender's padded tile comes from :meth:`~mpisphere.HaloExchange.zeros`
+  or :meth:`~mpisphere.HaloExchange.empty` (a window shared by the ranks of the node,
   :mod:`.shared`) and the receiver is on the same node. The header goes
   alone; the receiver copies the block from the sender's memory into its
   halo, or adds it onto its own cells (rows straight from the sender's tile;
@@ -84,7 +84,7 @@ paths: the same values are copied, and the same sums made in the same order.
 
 The call goes down once: the pattern (:mod:`.pattern`: widths, neighbours,
 the moves of a tile's phases) and the boundary (:mod:`.poles`: zeros past
-the poles, or the field across them) plan it, and :meth:`HaloExchange._run`
+the poles, or the field across them) plan it, and ``HaloExchange._run``
 runs the phases with the neighbours' round. :func:`~mpisphere.polar_halo_radius`
 (:mod:`mpisphere.geometry`) derives the halo width of a localized operator
 from the latitudes and the grid.

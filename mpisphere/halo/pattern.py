@@ -1,6 +1,6 @@
 """What a halo exchange moves: its widths, the blocks of a tile each phase moves, and between which ranks.
 
-A :class:`HaloPattern` is built once per exchange. It knows the four direct
+A ``HaloPattern`` is built once per exchange. It knows the four direct
 neighbours (none past a pole, none on a one-rank ring, which wraps locally),
 the message tags (by the direction the data travels), and for a tile of
 ``h`` x ``w`` the blocks of each phase, in the order the phases run:

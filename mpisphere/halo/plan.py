@@ -1,6 +1,6 @@
 """The halo's message path and its copies: the packed buffers of one padded shape, persistent sends, copies by runs.
 
-A :class:`MessagePlan` is built once per padded shape, dtype and device:
+A ``MessagePlan`` is built once per padded shape, dtype and device:
 one message buffer per tag and direction (the data of a block, with room
 for the agreement header in front) and, for host buffers, a persistent send
 request per tag (``MPI_Send_init``), started in every call. Receives stay
@@ -12,8 +12,8 @@ header decides.
 Packing and unpacking are one vectorised copy per block, by contiguous
 runs where the layout allows (about twice as fast as element by element for
 the thin column blocks of a halo); the shared-memory path copies and adds
-between two ranks' tiles the same way (:func:`copier`, :func:`unpacker`,
-:func:`add_between`).
+between two ranks' tiles the same way (``copier``, ``unpacker``,
+``add_between``).
 """
 
 import math

@@ -1,7 +1,7 @@
 """What lies past the poles: the boundaries of a halo exchange, one class each.
 
-:class:`ZeroPoles` (``poles="zero"``, the default) leaves zeros there.
-:class:`AcrossPoles` (``poles="across"``) continues the field: the halo
+``ZeroPoles`` (``poles="zero"``, the default) leaves zeros there.
+``AcrossPoles`` (``poles="across"``) continues the field: the halo
 row at distance ``k`` past a pole mirrors the row at the same colatitude
 distance inside it, at the opposite longitude (``+ 180`` degrees), times a
 sign per field. Which rows those are comes from the

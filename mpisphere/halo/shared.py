@@ -1,6 +1,6 @@
 """Tiles in memory shared by the ranks of a node (MPI-3 windows), and the acknowledgements of their reads.
 
-A grid's :class:`NodeMemory` is made by the first allocation from a halo
+A grid's ``NodeMemory`` is made by the first allocation from a halo
 (:meth:`~mpisphere.HaloExchange.zeros`, collective over ``grid.cart``) and
 freed with the grid. It holds:
 

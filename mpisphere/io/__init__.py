@@ -10,7 +10,7 @@ Zarr (``pip install '.[io]'``, Python 3.11 or newer) is imported when a
 store is opened; ``import mpisphere.io`` needs only mpisphere.
 
 Modules: :mod:`.chunks` (who stores which chunk, no MPI), :mod:`.zarr_files`
-(the Zarr side), :mod:`.store` (the collective calls), :mod:`.checkpoint`
+(the Zarr side), ``store`` (the collective calls), ``checkpoint``
 (versions).
 """
 

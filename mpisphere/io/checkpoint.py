@@ -7,7 +7,7 @@ A checkpoint is a directory::
         v000007.zarr/    a FieldStore: the variables and the state's attributes
         v000008.zarr/
 
-:func:`checkpoint` opens a new version, the caller writes into it, and when
+:func:`~mpisphere.io.checkpoint` opens a new version, the caller writes into it, and when
 the ``with`` block ends on every rank without an error the version is
 marked complete and ``CURRENT`` is switched to it (written to a temporary
 file, synced, renamed over the old one). A crash at any moment before the
@@ -63,7 +63,7 @@ def _current(path):
 
 
 class Checkpoint:
-    """A checkpoint being written: use :func:`checkpoint`, which returns one.
+    """A checkpoint being written: use :func:`~mpisphere.io.checkpoint`, which returns one.
 
     ``with checkpoint(path, grid) as store:`` gives the new version's
     :class:`FieldStore` (mode ``"w"``); ``store.set_attrs`` records the

@@ -14,10 +14,10 @@ bands) is stored by one rank, the owner: the chunks are split among the
 ranks ever write one chunk, whatever the splits of the parts. Moving the
 pieces between parts and owners is one all-to-all: every rank cuts its
 part into one piece per chunk it meets, in the owners' chunk order
-(:meth:`ChunkPlan.pack_parts`), and every owner assembles its chunks from
-the pieces of each rank in rank order (:meth:`ChunkPlan.unpack_regions`);
+(``ChunkPlan.pack_parts``), and every owner assembles its chunks from
+the pieces of each rank in rank order (``ChunkPlan.unpack_regions``);
 the pieces a rank keeps for its own chunks skip the exchange
-(:meth:`ChunkPlan.copy_own`);
+(``ChunkPlan.copy_own``);
 reading runs the same steps backwards. Both sides compute every offset from
 the parts and the chunking alone, so no counts travel.
 """

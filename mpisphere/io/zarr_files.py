@@ -6,7 +6,7 @@ Every chunk is stored raw (little-endian bytes) followed by its CRC-32C
 (Zarr's ``crc32c`` codec), which Zarr checks on every read, xarray's reads
 included: a flipped bit or a truncated chunk raises instead of returning
 wrong numbers. A chunk file that is missing reads in Zarr as the fill
-value, silently; :func:`missing_chunks` is the check that catches it.
+value, silently; ``missing_chunks`` is the check that catches it.
 """
 
 import contextlib

@@ -12,7 +12,7 @@ adjoint as an operator; ``A @ B`` composes, ``A + B``, ``A - B`` and
 ``a * A`` combine. Inputs are never modified and outputs never overlap
 inputs; ``out=`` writes into a caller's array instead of allocating one.
 
-Each side of an operator has a :class:`Layout`: ``distributed`` (every rank
+Each side of an operator has a :class:`~mpisphere.Layout`: ``distributed`` (every rank
 holds its own piece; the global inner product sums the ranks' local inner
 products over the layout's space) or ``replicated`` (every rank holds the
 same array; the inner product counts it once). Adjoints are taken with

@@ -1,4 +1,4 @@
-"""What an operator can do as a stage of a pipeline (:class:`Abilities`), declared, never inferred."""
+"""What an operator can do as a stage of a pipeline (``Abilities``), declared, never inferred."""
 
 import dataclasses
 from typing import Callable, Optional

@@ -20,22 +20,22 @@ from .layout import ADJOINT, FORWARD, Layout, check_out
 class LinearOperator(Described):
     """Base class of every mpisphere operator.
 
-    A subclass sets :attr:`domain` and :attr:`range` (:class:`Layout`) in
+    A subclass sets ``domain`` and ``range`` (:class:`Layout`) in
     its ``__init__`` and implements either
 
     * ``_forward(x, out)`` and ``_adjoint(y, out)``, each returning the
       result (``out`` when given): the simple protocol, for your own
       operators; calls go straight to them; or
-    * ``_output(direction, spec)``, returning the result's :class:`Spec` and
+    * ``_output(direction, spec)``, returning the result's ``Spec`` and
       a description of the input that must match across ranks (raise
-      :class:`InputError` for bad input), and ``_run(direction, x, out,
+      ``InputError`` for bad input), and ``_run(direction, x, out,
       context)``, which writes into ``out``: the protocol of mpisphere's own
       operators, which get the local checks, ``out=`` handling and the
       agreement step from this class. ``_comm`` names the communicator to
       agree on (``None``: the operator does not communicate).
 
     What the ranks compare about the operator itself is derived from every
-    argument its constructor was called with (:class:`~mpisphere.agreement.Described`);
+    argument its constructor was called with (``mpisphere.agreement.Described``);
     a subclass lists the arguments that legitimately differ between ranks
     in ``_per_rank``.
 
@@ -234,7 +234,7 @@ class LinearOperator(Described):
             out[...] = result
 
     def abilities(self, direction):
-        """What this operator can do as a pipeline stage run in ``direction`` (:class:`Abilities`). Default: none."""
+        """What this operator can do as a pipeline stage run in ``direction`` (``Abilities``). Default: none."""
         return Abilities()
 
 

@@ -18,7 +18,7 @@ class Identity(LinearOperator):
     layout : Layout
         Domain and range.
     core : tuple of int, optional
-        The trailing shape of a point (for :meth:`domain_shape` and
+        The trailing shape of a point (for :meth:`~mpisphere.LinearOperator.domain_shape` and
         :func:`dottest` drawing its own points); any shape is accepted.
     """
 

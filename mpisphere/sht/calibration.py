@@ -1,9 +1,9 @@
-"""The rates of :class:`~mpisphere.sht.strategies.MachineModel` measured here (``python -m mpisphere calibrate``).
+"""The rates of ``mpisphere.sht.strategies.MachineModel`` measured here (``python -m mpisphere calibrate``).
 
 The model predicts a strategy's time for a batch from a handful of rates
-(:mod:`mpisphere.sht.strategies.machine`). :func:`calibrate` fits them to
+(:mod:`mpisphere.sht.strategies.machine`). ``calibrate`` fits them to
 whole transforms on one rank, on reference problems whose tables are far
-larger than any cache (:data:`REFERENCES`):
+larger than any cache (``REFERENCES``):
 
 * the table strategy at 2 and 32 fields: the part that does not grow with
   the batch is the table read (``table bytes / table_bandwidth``), the part

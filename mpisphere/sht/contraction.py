@@ -18,7 +18,7 @@ share it).
 Two methods: ``per-order`` (one matrix product per order and parity, each
 on a slice that stays in cache: NumPy's default; it leaves out the polar
 latitudes where an order's functions are negligible, see
-:class:`~mpisphere.sht.tables.LegendreTables` ``even_from``) and ``batched``
+``mpisphere.sht.tables.LegendreTables`` ``even_from``) and ``batched``
 (one batched product over zero-padded tables: CuPy's default, one kernel
 instead of hundreds).
 """

@@ -1,9 +1,9 @@
 """The Fourier side of a transform: the real FFT along longitudes and the truncation of its orders.
 
-:class:`FourierStage`
+``FourierStage``
     the real FFT along longitudes (analysis: ``rfft / nlon``; synthesis:
     the unnormalised ``irfft``), with exact adjoints.
-:class:`Truncation`
+``Truncation``
     keep the first ``mmax`` orders of a spectrum (a view), adjoint: pad with
     zeros (the other way round when ``mmax`` exceeds the spectrum's orders).
 """

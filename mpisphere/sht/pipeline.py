@@ -2,9 +2,9 @@
 
 A transform is a list of stages (:class:`~mpisphere.LinearOperator` each,
 with its own forward and adjoint); its adjoint is the reversed list of
-adjoints. :class:`Pipeline` runs such a list on one rank's data. It knows
+adjoints. ``Pipeline`` runs such a list on one rank's data. It knows
 its stages only through :meth:`~mpisphere.LinearOperator.abilities`
-(:class:`~mpisphere.operators.Abilities`): whether a stage is an identity,
+(``mpisphere.operators.Abilities``): whether a stage is an identity,
 a restriction that can be a view, a zero padding the previous stage can
 write into, runs in place, may overwrite its input, prefers a memory order.
 From those it compiles, once per direction, a plan:
@@ -19,7 +19,7 @@ From those it compiles, once per direction, a plan:
   where it writes: the caller's ``out``, its input's memory (``in_place``),
   or one of two byte buffers the intermediates take turns in.
 
-:meth:`Pipeline.run` is then a loop over the steps. The stages run without
+``Pipeline.run`` is then a loop over the steps. The stages run without
 their own checks and agreement: the transform that owns the pipeline
 checked and agreed once for all of them.
 """

@@ -14,9 +14,9 @@ equator (every rule of :mod:`mpisphere.quadrature` is).
 
 Families:
 
-* :func:`scalar_tables`: ``P(l, m)`` in a norm, with the quadrature weights
+* ``scalar_tables``: ``P(l, m)`` in a norm, with the quadrature weights
   folded in for analysis (``start = m``, ``L = lmax``);
-* :func:`vector_tables`: ``P(l, m) / sin(theta)`` (orthonormal) for
+* ``vector_tables``: ``P(l, m) / sin(theta)`` (orthonormal) for
   ``m >= 1`` and ``P(l, 1)`` without the Condon-Shortley phase for ``m = 0``
   (``start = 1``), up to degree ``lmax`` (``L = lmax + 1``): the vector
   transforms combine them over neighbouring degrees (see

@@ -522,10 +522,10 @@ class DistributedRealSHT(Transform):
         How the Legendre step is spread over the polar ranks (see the module
         notes). ``"auto"`` (default) keeps ``"transpose"`` while its tables
         fit ``max_table_bytes`` and otherwise shrinks them; the choice and
-        why are in :attr:`legendre` and :attr:`legendre_reason`.
+        why are in :attr:`legendre` and ``legendre_reason``.
     max_table_bytes : int, keyword-only
         With ``legendre="auto"``: the most bytes of tables one rank may
-        hold (default :func:`~mpisphere.sht.costs.default_table_budget`, half
+        hold (default ``mpisphere.sht.costs.default_table_budget``, half
         the machine's memory per core).
     overlap : bool, keyword-only
         Run the batch in two chunks in turns, each chunk's transposes
@@ -540,8 +540,8 @@ class DistributedRealSHT(Transform):
     -----
     ``forward``: ``(..., h, w)`` real (this rank's tile of ``(nlat, nlon)``)
     -> ``(..., l_loc, m_loc)`` complex (this rank's block of ``(lmax, mmax)``:
-    degrees :attr:`local_degrees` split over ``grid.polar``, orders
-    :attr:`local_orders` over ``grid.azimuth``). ``adjoint``: the exact
+    degrees ``local_degrees`` split over ``grid.polar``, orders
+    ``local_orders`` over ``grid.azimuth``). ``adjoint``: the exact
     adjoint, ``(..., l_loc, m_loc)`` -> ``(..., h, w)``. Any number of
     leading axes, of any size (the same on every rank). Collective over
     ``grid.cart``: the ranks agree once per call, then run the stages.

@@ -8,8 +8,8 @@ strategy                exchange, tables, kernels
 ``"table-free"``        a polar Reduce_scatter; ducc0's recurrence, no tables
 ======================  =========================================================
 
-:data:`STRATEGIES` is the registry (a tuple: nothing registers at run time);
-:func:`strategy` finds a record by name. :mod:`.machine` holds the rates the
+``STRATEGIES`` is the registry (a tuple: nothing registers at run time);
+``strategy`` finds a record by name. :mod:`.machine` holds the rates the
 cost model is calibrated with.
 """
 

@@ -2,21 +2,21 @@
 
 A transform's Legendre step can be spread over the polar ranks in more than
 one way (:mod:`mpisphere.sht.strategies` lists them). Each way is one
-:class:`LegendreStrategy` record in a file of its own, holding everything a
+``LegendreStrategy`` record in a file of its own, holding everything a
 transform, the cost model and ``legendre="auto"`` need to know of it:
 
 * how the polar ranks exchange (``polar_transposes``: two transposes, or a
   ``Reduce_scatter`` of every degree's partial sums and its adjoint);
-* its tables (:meth:`~LegendreStrategy.build_tables`) and its kernels, host
-  and device, as a pipeline stage (:meth:`~LegendreStrategy.stage`);
+* its tables (``LegendreStrategy.build_tables``) and its kernels, host
+  and device, as a pipeline stage (``LegendreStrategy.stage``);
 * whether it runs on device arrays, and whether it can run here at all
-  (:meth:`~LegendreStrategy.available`);
+  (``LegendreStrategy.available``);
 * its cost model: the largest table a rank holds
-  (:meth:`~LegendreStrategy.table_bytes`), the function values one field's
-  contraction multiplies by (:meth:`~LegendreStrategy.values`), and the
+  (``LegendreStrategy.table_bytes``), the function values one field's
+  contraction multiplies by (``LegendreStrategy.values``), and the
   modelled time of a batch's Legendre step on a
-  :class:`~mpisphere.sht.strategies.machine.MachineModel`
-  (:meth:`~LegendreStrategy.seconds`), which ``auto`` compares per batch.
+  ``mpisphere.sht.strategies.machine.MachineModel``
+  (``LegendreStrategy.seconds``), which ``auto`` compares per batch.
 
 A new strategy is one file with one such record, added to the registry's
 tuple.

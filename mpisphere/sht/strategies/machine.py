@@ -1,8 +1,8 @@
 """The machine the Legendre cost model is calibrated on: its rates (measured by :mod:`mpisphere.sht.calibration`).
 
 ``legendre="auto"`` compares the strategies' modelled times per batch
-(:meth:`~mpisphere.sht.strategies.base.LegendreStrategy.seconds`) on a
-:class:`MachineModel`, with rates for an analysis and for a synthesis (their
+(``mpisphere.sht.strategies.base.LegendreStrategy.seconds``) on a
+``MachineModel``, with rates for an analysis and for a synthesis (their
 kernels differ: the analysis applies the quadrature weights):
 
 * a product with a table reads the table once and does one multiply-add per
@@ -14,7 +14,7 @@ kernels differ: the analysis applies the quadrature weights):
 * ducc0's recurrence computes each function value as it goes, for every
   field again: ``values * fields / on_the_fly_rate``.
 
-The rates are effective ones: :func:`mpisphere.sht.calibration.calibrate`
+The rates are effective ones: ``mpisphere.sht.calibration.calibrate``
 fits them to whole one-rank transforms of each strategy, so what every
 field costs besides the contraction (its FFT, layout changes) is in them.
 The defaults were measured on the machines this project is developed on

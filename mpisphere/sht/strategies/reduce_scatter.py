@@ -9,7 +9,7 @@ transforms do the same. On one polar rank a rank's latitudes are all of
 them, symmetric about the equator: the tables are then the parity-split ones
 of the ``"transpose"`` strategy (half the bytes and arithmetic).
 
-Kernels: :class:`OwnLatitudeTables`, on the host one matrix product per
+Kernels: ``OwnLatitudeTables``, on the host one matrix product per
 order ``(L - m, h) @ (h, 2 C B)`` (each order's slice stays in cache), on a
 device one batched product over tables zero-padded to ``(m_loc, L, h)`` (a
 fixed number of launches, whatever ``nlat``, ``lmax`` and the batch).
