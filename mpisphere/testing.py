@@ -27,9 +27,11 @@ Two roles, chosen by the command line:
 
 outer run (``python -m pytest``)
     Serial tests run in-process. Tests marked ``mpi`` are replaced by one
-    launcher item per rank count (``--mpi-sizes``, default 1,2,3,4,6): each
-    runs ``mpiexec -n N python -m pytest --with-mpi ...`` once for all MPI
-    tests that fit N ranks, under a hard timeout (``--mpi-launch-timeout``),
+    launcher item per rank count (``--mpi-sizes``, default 1,2,6: one launch
+    per kind of decomposition, none, one axis split, both axes split
+    unevenly; ``--mpi-full``: 1,2,3,4,6): each runs ``mpiexec -n N python -m
+    pytest --with-mpi ...`` once for all MPI tests that fit N ranks, under a
+    hard timeout (``--mpi-launch-timeout``),
     killing the whole process group when it expires. The launcher fails when
     the launch fails, and shows what the ranks printed; the report's first
     line names the tests that failed, the one running when the launch ended
@@ -39,6 +41,13 @@ outer run (``python -m pytest``)
     on a terminal by default, ``always`` or ``never``). The launch's output
     is shown without NUL characters (Open MPI ends its version string with
     one, which made ``grep`` call a whole CI log binary).
+    A test marked ``long_run`` (a model run of many steps whose checks do
+    not depend on the decomposition, because another test compares the
+    model on every grid with one rank) runs only at the smallest rank count
+    above 1, on each of its grids, unless ``--mpi-full``. Where
+    ``PYTHONDONTWRITEBYTECODE`` is set, the launches share one temporary
+    bytecode cache (``PYTHONPYCACHEPREFIX``) instead of compiling every
+    module again in every rank.
     ``MPI.COMM_WORLD`` and ``MPI.COMM_SELF`` are guards here: a serial test
     that touches MPI fails with a message naming it instead of ending the
     process at MPICH's first call before ``MPI_Init``.
@@ -57,11 +66,12 @@ inner run (``--with-mpi`` / ``--only-mpi``, under mpiexec)
       (run by hand, without the outer run, to the stderr the process
       started with, since pytest's capture swaps fd 2);
     * after every test phase the ranks meet on a private duplicate of
-      ``COMM_WORLD`` (Ibarrier polled with Test). A rank whose phase failed
-      waits ``--mpi-grace`` seconds for the others; if they do not arrive
-      (they are waiting in a collective it never entered) it prints its
-      failure and calls ``Abort``. Otherwise the outcomes are gathered and a
-      failure on any rank becomes a failure on every rank, with each failing
+      ``COMM_WORLD``: one non-blocking maximum of a failure flag, polled with
+      Test. A rank whose phase failed waits ``--mpi-grace`` seconds for the
+      others; if they do not arrive (they are waiting in a collective it never
+      entered) it prints its failure and calls ``Abort``. Otherwise, when a
+      rank failed, the messages are gathered and a failure on any rank
+      becomes a failure on every rank, with each failing
       rank's message, so the phase after a failed setup is skipped everywhere.
       Rank 0 also writes each failure to stderr at once, so that a later
       hang or abort cannot swallow it;
@@ -82,18 +92,28 @@ import time
 import zlib
 from pathlib import Path
 
+import numpy
 import pytest
 
-DEFAULT_SIZES = "1,2,3,4,6"
+# one launch per kind of decomposition: none (1x1), one axis split either way with the periodic azimuth's two
+# neighbours one rank (1x2, 2x1), both axes split unevenly (2x3, 3x2); the full matrix adds 1x3, 3x1 and 2x2
+QUICK_SIZES = "1,2,6"
+FULL_SIZES = "1,2,3,4,6"
+LONG_RUN = "long_run"  # the marker of a model run whose checks do not depend on the decomposition
 GRID_SHAPES = {1: [(1, 1)], 2: [(1, 2), (2, 1)], 3: [(1, 3), (3, 1)], 4: [(2, 2)], 6: [(2, 3), (3, 2)]}
 PLUGIN = "mpisphere.testing"
 
 
 def add_options(parser):
     group = parser.getgroup("mpisphere-mpi", "MPI launches (mpisphere test harness)")
-    group.addoption("--mpi-sizes", default=os.environ.get("MPISPHERE_TEST_SIZES", DEFAULT_SIZES),
-                    help="comma-separated rank counts the MPI tests run at (default %(default)s; "
-                         "env MPISPHERE_TEST_SIZES)")
+    group.addoption("--mpi-sizes", default=os.environ.get("MPISPHERE_TEST_SIZES"),
+                    help=f"comma-separated rank counts the MPI tests run at (default {QUICK_SIZES}, with --mpi-full "
+                         f"{FULL_SIZES}; env MPISPHERE_TEST_SIZES)")
+    group.addoption("--mpi-full", action="store_true",
+                    default=os.environ.get("MPISPHERE_TEST_FULL", "") not in ("", "0"),
+                    help=f"the full matrix: rank counts {FULL_SIZES} unless --mpi-sizes says otherwise, and tests "
+                         "marked long_run on every grid of every rank count (default: only at the 2-rank launch; "
+                         "env MPISPHERE_TEST_FULL=1)")
     group.addoption("--mpi-launch-timeout", type=float,
                     default=float(os.environ.get("MPISPHERE_TEST_LAUNCH_TIMEOUT", "900")),
                     help="seconds one mpiexec launch may take before it is killed (default %(default)s)")
@@ -113,7 +133,7 @@ def is_inner(config):
 
 
 def mpi_sizes(config):
-    text = config.getoption("--mpi-sizes")
+    text = config.getoption("--mpi-sizes") or (FULL_SIZES if config.getoption("--mpi-full") else QUICK_SIZES)
     try:
         sizes = sorted({int(s) for s in text.split(",") if s.strip()})
     except ValueError:
@@ -121,6 +141,11 @@ def mpi_sizes(config):
     if not sizes or sizes[0] < 1:
         raise pytest.UsageError(f"--mpi-sizes must list positive rank counts, got {text!r}")
     return sizes
+
+
+def long_run_size(fits):
+    """The one rank count a ``long_run`` test runs at outside the full matrix: the smallest above 1 it fits."""
+    return next((n for n in fits if n > 1), fits[0])
 
 
 def mpiexec_command():
@@ -154,9 +179,10 @@ class MpiLaunchFailed(Exception):
 class MpiLaunch(pytest.Item):
     """One ``mpiexec -n N python -m pytest --with-mpi`` run of the MPI tests."""
 
-    def __init__(self, *, nranks, files, ntests, **kwargs):
+    def __init__(self, *, nranks, files, ntests, long_runs=True, **kwargs):
         super().__init__(**kwargs)
         self.nranks = nranks
+        self.long_runs = long_runs  # whether this launch runs the tests marked long_run
         self.files = files
         self.ntests = ntests
         self.summary = None
@@ -175,7 +201,8 @@ class MpiLaunch(pytest.Item):
                f"--rootdir={config.rootpath}",
                f"--mpi-test-timeout={config.getoption('--mpi-test-timeout')}",
                f"--mpi-grace={config.getoption('--mpi-grace')}",
-               "-m", f"mpi and ({markexpr})" if markexpr else "mpi"]
+               "-m", " and ".join(["mpi"] + ([] if self.long_runs else [f"not {LONG_RUN}"])
+                                  + ([f"({markexpr})"] if markexpr else []))]
         if config.option.keyword:
             cmd += ["-k", config.option.keyword]
         if config.option.verbose > 0:
@@ -194,6 +221,11 @@ class MpiLaunch(pytest.Item):
         env.setdefault("MPISPHERE_STALL_REPORT", f"{min(60.0, timeout / 4):g}")
         env.setdefault("MPISPHERE_STALL_DEADLINE", f"{0.75 * timeout:g}")
         env["PYTHONUNBUFFERED"] = "1"
+        if env.get("PYTHONDONTWRITEBYTECODE"):
+            # every rank of every launch would compile (and pytest rewrite) the same modules again: they share
+            # one private bytecode cache instead, removed with the session (the checkout stays free of .pyc)
+            env.pop("PYTHONDONTWRITEBYTECODE")
+            env["PYTHONPYCACHEPREFIX"] = self.session_cache()
         handle, self.progress = tempfile.mkstemp(prefix="mpisphere-progress-", suffix=".txt")
         os.close(handle)
         env[PROGRESS_VARIABLE] = self.progress
@@ -204,6 +236,13 @@ class MpiLaunch(pytest.Item):
         finally:
             os.unlink(self.progress)
             shutil.rmtree(self.hangs, ignore_errors=True)
+
+    def session_cache(self):
+        """A temporary bytecode cache shared by this session's launches (created once, removed at its end)."""
+        outer = self.config.pluginmanager.get_plugin("mpisphere-outer")
+        if outer.bytecode is None:
+            outer.bytecode = tempfile.mkdtemp(prefix="mpisphere-pycache-")
+        return outer.bytecode
 
     def _launch(self, cmd, env):
         timeout = self.config.getoption("--mpi-launch-timeout")
@@ -285,6 +324,7 @@ def _summary_line(text):
 
 PROGRESS_VARIABLE = "MPISPHERE_TEST_PROGRESS"
 HANGS_VARIABLE = "MPISPHERE_TEST_HANGS"  # a directory: each rank's per-test watchdog writes its traceback there
+MEET_SPIN = 0.1  # seconds a rank polls the meeting by yielding the core before it naps between polls
 PROGRESS_SECONDS = float(os.environ.get("MPISPHERE_TEST_PROGRESS_SECONDS", "5"))  # at most one line this often
 
 
@@ -413,6 +453,7 @@ class OuterPlugin:
         self.unrunnable = []
         self.current = None  # the serial test running now, for the guard's message
         self.guarded = {}    # MPI's communicators replaced by guards, restored at the end
+        self.bytecode = None  # the launches' shared bytecode cache, when PYTHONDONTWRITEBYTECODE is set
 
     def guard_mpi(self):
         """Put guards in place of ``MPI.COMM_WORLD`` and ``MPI.COMM_SELF`` (MPI itself stays uninitialised)."""
@@ -426,6 +467,8 @@ class OuterPlugin:
                 setattr(MPI, name, _outer_process_guard(MPI, name, self))
 
     def pytest_unconfigure(self, config):
+        if self.bytecode is not None:
+            shutil.rmtree(self.bytecode, ignore_errors=True)
         if self.guarded:  # a process that runs pytest.main() and then MPI gets its communicators back
             from mpi4py import MPI
             for name, original in self.guarded.items():
@@ -440,7 +483,8 @@ class OuterPlugin:
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, session, config, items):
         sizes = mpi_sizes(config)
-        serial, by_size = [], {}
+        full = config.getoption("--mpi-full")
+        serial, by_size, long_runs = [], {}, set()
         for item in items:
             marker = item.get_closest_marker("mpi")
             if marker is None:
@@ -450,13 +494,16 @@ class OuterPlugin:
             fits = [n for n in sizes if n >= min_size]
             if not fits:
                 self.unrunnable.append(item.nodeid)
+            if fits and not full and item.get_closest_marker(LONG_RUN) is not None:
+                fits = [long_run_size(fits)]
+                long_runs.add(fits[0])
             for n in fits:
                 by_size.setdefault(n, []).append(item)
         launchers = []
         for n, group in sorted(by_size.items()):
             files = sorted({str(item.path) for item in group})
             launchers.append(MpiLaunch.from_parent(session, name=f"mpiexec-n{n}", nranks=n, files=files,
-                                                   ntests=len(group)))
+                                                   ntests=len(group), long_runs=full or n in long_runs))
         self.launchers = launchers
         items[:] = serial + launchers
 
@@ -482,6 +529,7 @@ class InnerPlugin:
         self.MPI = MPI
         self.config = config
         self.comm = MPI.COMM_WORLD.Dup()  # harness messages never match a test's own
+        self._flag = numpy.zeros(1, dtype=numpy.intc)  # the phase's failure flag, reduced in place
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
         self.test_timeout = config.getoption("--mpi-test-timeout")
@@ -548,24 +596,34 @@ class InnerPlugin:
         report = yield
         failed = report.failed
         text = report.longreprtext if failed else None
-        self._meet(failed, item.nodeid, call.when, text)
+        if not self._meet(failed, item.nodeid, call.when, text):
+            return report
+        # some rank failed: only now are the messages gathered (a passing phase costs one small reduction)
         everyone = self.comm.allgather((report.outcome, text))
         bad = [r for r, (outcome, _) in enumerate(everyone) if outcome == "failed"]
-        if bad and self.size > 1:
+        if self.size > 1:
             report.outcome = "failed"
             report.longrepr = (f"failed on rank(s) {bad} of {self.size} in {call.when}\n"
                                + "\n".join(f"---------- rank {r} ----------\n{everyone[r][1]}" for r in bad))
-        if bad:
-            self._progress("failed", item.nodeid)
-        if bad and self.rank == 0:
+        self._progress("failed", item.nodeid)
+        if self.rank == 0:
             # Written at once as well: a later test that hangs or aborts the job
             # would otherwise take this report down with it.
             self.err.write(f"\n___ {item.nodeid} FAILED ({call.when}) ___\n{report.longreprtext}\n")
         return report
 
     def _meet(self, failed, nodeid, when, text):
-        request = self.comm.Ibarrier()
-        deadline = time.monotonic() + self.grace if failed else None
+        """Whether any rank failed this phase: one non-blocking maximum of a flag, polled.
+
+        A rank whose phase failed waits ``--mpi-grace`` seconds; if the others
+        never arrive (they wait in a collective it never entered) it prints its
+        failure and aborts the job.
+        """
+        flag = self._flag
+        flag[0] = 1 if failed else 0
+        request = self.comm.Iallreduce(self.MPI.IN_PLACE, flag, op=self.MPI.MAX)
+        start = time.monotonic()
+        deadline = start + self.grace if failed else None
         while not request.Test():
             if deadline is not None and time.monotonic() > deadline:
                 self.err.write(
@@ -576,7 +634,13 @@ class InnerPlugin:
                 self.err.flush()
                 self._progress("failed", nodeid)
                 self.MPI.COMM_WORLD.Abort(1)
-            time.sleep(0.0005)
+            # yield at first (oversubscribed ranks: the one being waited for runs; a sleep's granularity of ~1 ms
+            # per poll made the meetings three times the cost of the tests at 6 ranks on 2 cores), then nap
+            if time.monotonic() - start < MEET_SPIN:
+                os.sched_yield()
+            else:
+                time.sleep(0.001)
+        return bool(flag[0])
 
 
 # --- the plugin's hooks and fixtures ----------------------------------------------
@@ -589,6 +653,9 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     if config.pluginmanager.has_plugin("mpisphere-inner") or config.pluginmanager.has_plugin("mpisphere-outer"):
         return
+    config.addinivalue_line("markers", f"{LONG_RUN}: a model run of many steps whose checks do not depend on the "
+                            "decomposition (another test compares every grid with one rank); it runs at one rank count "
+                            "(the smallest above 1) unless --mpi-full")
     if is_inner(config):
         config.pluginmanager.register(InnerPlugin(config), "mpisphere-inner")
     else:

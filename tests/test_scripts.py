@@ -61,8 +61,9 @@ def test_demo_writes_its_output_and_restarts_from_its_checkpoint(tmp_path):
 def test_fourdvar_lowers_the_error(tmp_path, method):
     if method == "incremental":
         pytest.importorskip("pylops_mpi")  # the pylops extra (Python 3.11 and newer)
-    out = launch(3, "fourdvar.py", "--nlat", "32", "--nlon", "64", "--dt", "360", "--spinup", "2", "--hours", "2",
-                 "--obs", "150", "--method", method, "--iterations", "12", "--inner", "6,6", cwd=tmp_path)
+    # measured: analysis / background 0.60 (lbfgs) and 0.57 (incremental) in geopotential, against the 0.75 required
+    out = launch(2, "fourdvar.py", "--nlat", "32", "--nlon", "64", "--dt", "360", "--spinup", "2", "--hours", "2",
+                 "--obs", "150", "--method", method, "--iterations", "8", "--inner", "4,4", cwd=tmp_path)
     assert "analysis / background error at the start" in out, out
     assert ("pylops-mpi" in out) == (method == "incremental"), out
     # the script itself exits 1 unless the analysis is 25% closer to the truth than the background

@@ -71,7 +71,7 @@ def test_a_user_project_runs_its_mpi_tests_on_every_grid_and_reports_a_one_rank_
 
 
 def test_a_hanging_rank_ends_the_launch_instead_of_hanging_the_suite(tmp_path):
-    code, out = run_project(tmp_path, HANGING_TEST, "--mpi-sizes=2", "--mpi-test-timeout=10",
+    code, out = run_project(tmp_path, HANGING_TEST, "--mpi-sizes=2", "--mpi-test-timeout=5",
                             "--mpi-launch-timeout=120")
     assert code == 1, out
     assert "MPI launch on 2 rank(s)" in out and "Timeout" in out, out
@@ -87,12 +87,12 @@ import pytest
 
 @pytest.mark.mpi(min_size=2)
 def test_slow(comm):
-    time.sleep(2.0)
+    time.sleep(1.2)
 '''
 
 
 def test_progress_lines_name_the_launch_and_the_running_test(tmp_path, monkeypatch):
-    monkeypatch.setenv("MPISPHERE_TEST_PROGRESS_SECONDS", "0.5")
+    monkeypatch.setenv("MPISPHERE_TEST_PROGRESS_SECONDS", "0.3")
     code, out = run_project(tmp_path, SLOW_TEST, "--mpi-sizes=2", "--mpi-progress=always")
     assert code == 0, out
     assert "[mpiexec -n 2]" in out and "0/1 tests done, running test_user.py::test_slow" in out, out
@@ -137,7 +137,7 @@ def test_last(comm):
 
 
 def test_after_an_abort_the_report_says_which_tests_did_not_run(tmp_path):
-    code, out = run_project(tmp_path, ABORTING_TESTS, "--mpi-sizes=2", "--mpi-grace=3")
+    code, out = run_project(tmp_path, ABORTING_TESTS, "--mpi-sizes=2", "--mpi-grace=2")
     assert code == 1, out
     assert ("failed test_user.py::test_rank_0_fails_while_the_others_wait; not run (2 of 3): "
             "test_user.py::test_next, test_user.py::test_last.") in out, out
