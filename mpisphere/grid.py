@@ -10,6 +10,8 @@ other way round (see :class:`ProcessGrid`).
 """
 
 import contextlib
+import os
+import sys
 import warnings
 import weakref
 
@@ -66,10 +68,22 @@ def _resolve_dims(size, npolar, nazimuth):
         other = size // given
         npolar, nazimuth = (given, other) if nazimuth is None else (other, given)
     if npolar * nazimuth != size:
+        wanted = npolar * nazimuth
+        fix = (f"\n  fix: start the program under the MPI launcher, e.g. mpiexec -n {wanted} python -m mpi4py "
+               f"{_program()} (srun -n {wanted} under Slurm); run as plain python it is one rank"
+               if size == 1 else
+               f"\n  fix: launch {wanted} ranks (mpiexec -n {wanted}), or choose npolar x nazimuth = {size} "
+               "(ProcessGrid(comm) picks the dims itself)")
         raise ValueError(
-            f"ProcessGrid: npolar x nazimuth = {npolar} x {nazimuth} = {npolar * nazimuth} ranks, "
-            f"but the communicator has {size}")
+            f"ProcessGrid: npolar x nazimuth = {npolar} x {nazimuth} = {wanted} ranks, "
+            f"but the communicator has {size}{fix}")
     return npolar, nazimuth
+
+
+def _program():
+    """The running script's name for a suggested command line (``script.py`` when there is none)."""
+    name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] not in ("", "-c", "-m") else ""
+    return name if name.endswith(".py") else "script.py"
 
 
 def _requested(npolar, nazimuth, order):

@@ -1,6 +1,10 @@
 """Small helpers shared by the tests (no fixtures here; see conftest.py)."""
 
+import contextlib
+import re
+
 import numpy
+import pytest
 from mpi4py import MPI
 
 from mpisphere import ProcessGrid
@@ -43,6 +47,25 @@ def every_rank(size):
     if size == 2:
         return "ranks 0, 1 of 2"
     return f"ranks 0-{size - 1} of {size}"
+
+
+def whole_message(exc):
+    """An mpisphere error's whole message on every rank (one rank prints it; the others print one line)."""
+    return getattr(exc, "mpisphere_message", str(exc))
+
+
+@contextlib.contextmanager
+def raises(kind, match=None):
+    """``pytest.raises`` matched against the whole message, which every rank keeps (:func:`whole_message`).
+
+    An error raised on every rank by an agreement is printed in full by one
+    rank; the others' ``str()`` is one line naming it.
+    """
+    with pytest.raises(kind) as caught:
+        yield caught
+    if match is not None:
+        text = whole_message(caught.value)
+        assert re.search(match, text), f"Regex pattern did not match.\n  Expected regex: {match!r}\n  Actual: {text!r}"
 
 
 def quoted(text, rank, size):

@@ -659,7 +659,10 @@ def main():
             case(comm, grid, me)
             record = {"outcome": "returned"}
         except Exception as exc:  # noqa: BLE001 -- what was raised is the result
-            record = {"outcome": "raised", "type": type(exc).__name__, "message": str(exc)}
+            # the whole message (every rank keeps it; one rank prints it, the others one line naming that rank)
+            record = {"outcome": "raised", "type": type(exc).__name__,
+                      "message": getattr(exc, "mpisphere_message", str(exc)), "printed": str(exc),
+                      "reporter": getattr(exc, "mpisphere_reporter", None)}
         finally:
             faulthandler.cancel_dump_traceback_later()
         config.debug = args.debug

@@ -8,6 +8,8 @@ import pytest
 from mpisphere import Described, agree_construction
 from mpisphere.agreement import CallGuard, describe_value, description_of
 
+from helpers import raises
+
 
 class _Model(Described):
     _per_rank = ("block",)
@@ -58,7 +60,7 @@ def test_construction_on_one_rank_of_one(comm):
 def test_construction_names_the_odd_rank(comm):
     last = comm.Get_size() - 1
     model = _Model(None, 900.0 if comm.Get_rank() == last else 600.0, numpy.zeros(2), numpy.zeros(comm.Get_rank() + 1))
-    with pytest.raises(ValueError, match=rf"_Model: the {comm.Get_size()} ranks built it from different arguments.*"
+    with raises(ValueError, match=rf"_Model: the {comm.Get_size()} ranks built it from different arguments.*"
                                          rf"rank {last} has: _Model\(.*dt=900\.0"):
         agree_construction(model, comm)
     # per-rank arguments (of different shapes here) never make the ranks disagree

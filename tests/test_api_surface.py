@@ -12,6 +12,8 @@ import pytest
 
 import mpisphere as ms
 
+from helpers import raises
+
 
 @pytest.mark.parametrize("name", ["DistributedRealSHT", "DistributedInverseRealSHT", "DistributedRealVectorSHT",
                                   "DistributedInverseRealVectorSHT"])
@@ -40,5 +42,5 @@ def test_dottest_draws_points_of_the_dtype_the_operator_takes(grid, dtype):
     # no dtype= given: coefficients for the synthesis and for the analysis's adjoint, fields for the analysis
     for op in (isht, sht, sht.H, vector, isht.H @ isht, 2.0 * isht, isht - isht):
         assert ms.dottest(op, lead=(2,), rtol=rtol) <= rtol
-    with pytest.raises(TypeError, match="expected complex coefficients"):
+    with raises(TypeError, match="expected complex coefficients"):
         ms.dottest(isht, lead=(2,), dtype=numpy.float64)  # an explicit dtype is still taken as given

@@ -10,6 +10,8 @@ import pytest
 from mpisphere import backend, devices
 from mpisphere.cuda_aware import local_verdict, mpi_library_path
 
+from helpers import raises
+
 
 class FakeDeviceArray:
     """Looks like a CuPy array to type checks, without CuPy or a GPU."""
@@ -24,7 +26,7 @@ def test_array_module_of_host_arrays():
 
 
 def test_mixing_host_and_device_arrays_is_a_type_error_naming_both():
-    with pytest.raises(TypeError, match=r"argument 0 is numpy.ndarray, argument 1 is cupy.FakeDeviceArray"):
+    with raises(TypeError, match=r"argument 0 is numpy.ndarray, argument 1 is cupy.FakeDeviceArray"):
         backend.array_module(numpy.zeros(2), FakeDeviceArray())
 
 
@@ -67,7 +69,7 @@ def test_select_device_without_a_gpu():
     if backend.visible_device_count() > 0:
         pytest.skip("a GPU is visible")
     from mpi4py import MPI
-    with pytest.raises(RuntimeError, match="no CUDA device visible to this process"):
+    with raises(RuntimeError, match="no CUDA device visible to this process"):
         devices.select_device(MPI.COMM_SELF)
 
 

@@ -24,7 +24,7 @@ from mpisphere.agreement import InputError
 from mpisphere.operators.dottest import inner
 
 from catalogue import host_only, operators
-from helpers import random_array, rank_rng
+from helpers import raises, random_array, rank_rng
 
 pytestmark = [pytest.mark.mpi, pytest.mark.gpu]
 
@@ -106,7 +106,7 @@ def test_every_operator_matches_numpy(cupy, grid, path):
     for op, x in operators(grid):
         try:
             if host_only(op):  # refuses device arrays with a clear error instead
-                with pytest.raises((TypeError, ValueError), match="host"):
+                with raises((TypeError, ValueError), match="host"):
                     op.forward(cupy.asarray(x))
                 continue
             expected = op.forward(x)
@@ -274,5 +274,5 @@ def test_streams_under_stress(cupy, grid, path):
 
 def test_mixing_host_and_device_arrays(cupy, grid, path):
     op = CopyTo(grid.polar)
-    with pytest.raises(TypeError, match="out is a host array but the result lives on the device"):
+    with raises(TypeError, match="out is a host array but the result lives on the device"):
         op.forward(cupy.zeros(3), out=numpy.zeros(3))

@@ -6,6 +6,8 @@ from mpi4py import MPI
 
 from mpisphere import ProcessGrid, split_sizes
 
+from helpers import raises
+
 pytestmark = pytest.mark.mpi
 
 
@@ -100,37 +102,42 @@ def test_free_twice_and_use_after_free(comm):
     g = ProcessGrid(comm)
     g.free()
     g.free()
-    with pytest.raises(RuntimeError, match="after free"):
+    with raises(RuntimeError, match="after free"):
         g.gather(numpy.zeros((1, 1)))
 
 
 def test_wrong_dims_product(comm):
     size = comm.Get_size()
-    with pytest.raises(ValueError, match=rf"{size + 1} x 1 = {size + 1} ranks, but the communicator has {size}"):
+    with raises(ValueError, match=rf"{size + 1} x 1 = {size + 1} ranks, but the communicator has {size}") \
+            as caught:
         ProcessGrid(comm, size + 1, 1)
+    # what to do next: on one rank, most likely a program started without the launcher
+    fix = (f"fix: start the program under the MPI launcher, e.g. mpiexec -n {size + 1} python -m mpi4py" if size == 1
+           else f"fix: launch {size + 1} ranks (mpiexec -n {size + 1}), or choose npolar x nazimuth = {size}")
+    assert fix in str(caught.value), str(caught.value)
 
 
 @pytest.mark.parametrize("dims", [(0, 1), (-2, 1), (1, 0)])
 def test_non_positive_dim(comm, dims):
-    with pytest.raises(ValueError, match=r"ProcessGrid: n(polar|azimuth) must be positive, got"):
+    with raises(ValueError, match=r"ProcessGrid: n(polar|azimuth) must be positive, got"):
         ProcessGrid(comm, *dims)
 
 
 @pytest.mark.mpi(min_size=2)
 def test_dim_that_does_not_divide(comm):
     size = comm.Get_size()
-    with pytest.raises(ValueError, match=rf"npolar={size + 1} does not divide the communicator size {size}"):
+    with raises(ValueError, match=rf"npolar={size + 1} does not divide the communicator size {size}"):
         ProcessGrid(comm, npolar=size + 1)
 
 
 def test_grid_finer_than_field(grid):
     if grid.npolar > 1:
-        with pytest.raises(ValueError, match=rf"{grid.npolar} polar ranks cannot split {grid.npolar - 1} latitudes"):
+        with raises(ValueError, match=rf"{grid.npolar} polar ranks cannot split {grid.npolar - 1} latitudes"):
             grid.local_shape(grid.npolar - 1, 10)
     if grid.nazimuth > 1:
-        with pytest.raises(ValueError, match=rf"{grid.nazimuth} azimuth ranks cannot split 1 longitudes"):
+        with raises(ValueError, match=rf"{grid.nazimuth} azimuth ranks cannot split 1 longitudes"):
             grid.local_shape(10, 1)
-    with pytest.raises(ValueError, match="cannot split 0 latitudes"):
+    with raises(ValueError, match="cannot split 0 latitudes"):
         grid.local_shape(0, 10)
 
 
@@ -139,7 +146,7 @@ def test_scatter_of_too_small_field_fails_on_every_rank(grid):
     small = numpy.zeros((grid.npolar - 1 or 1, grid.nazimuth - 1 or 1))
     if grid.npolar == 1 and grid.nazimuth == 1:
         pytest.skip("every field fits a 1x1 grid")
-    with pytest.raises(ValueError, match="cannot split"):
+    with raises(ValueError, match="cannot split"):
         grid.scatter(small if grid.rank == 0 else None)
 
 
@@ -147,30 +154,30 @@ def test_scatter_of_too_small_field_fails_on_every_rank(grid):
 def test_gather_of_mismatched_tiles_fails_on_every_rank(grid):
     h, w = grid.local_shape(7, 10)
     tile = numpy.zeros((h + (2 if grid.rank == grid.size - 1 else 0), w))  # no split of any nlat fits
-    with pytest.raises(ValueError, match="ProcessGrid.gather"):
+    with raises(ValueError, match="ProcessGrid.gather"):
         grid.gather(tile)
     dtype = numpy.float32 if grid.rank == 1 else numpy.float64
-    with pytest.raises(ValueError, match="disagree in leading shape or dtype"):
+    with raises(ValueError, match="disagree in leading shape or dtype"):
         grid.gather(numpy.zeros((h, w), dtype))
 
 
 def test_bad_communicators_and_handles(comm):
-    with pytest.raises(TypeError, match="ProcessGrid: comm must be an mpi4py Intracomm, got int"):
+    with raises(TypeError, match="ProcessGrid: comm must be an mpi4py Intracomm, got int"):
         ProcessGrid(7)
-    with pytest.raises(TypeError, match="ProcessGrid.from_fortran: handle must be an integer, got 'world'"):
+    with raises(TypeError, match="ProcessGrid.from_fortran: handle must be an integer, got 'world'"):
         ProcessGrid.from_fortran("world")
-    with pytest.raises(ValueError, match=rf"ProcessGrid.from_fortran: handle {MPI.COMM_NULL.py2f()} is MPI_COMM_NULL"):
+    with raises(ValueError, match=rf"ProcessGrid.from_fortran: handle {MPI.COMM_NULL.py2f()} is MPI_COMM_NULL"):
         ProcessGrid.from_fortran(MPI.COMM_NULL.py2f())
 
 
 def test_bad_ranks_and_roots(grid):
-    with pytest.raises(ValueError,
+    with raises(ValueError,
                        match=rf"ProcessGrid.tile_slices: rank {grid.size} out of range for {grid.size} ranks"):
         grid.tile_slices(7, 10, grid.size)
-    with pytest.raises(ValueError, match=rf"ProcessGrid.scatter: ranks? .*of {grid.size}: root {grid.size} out of "
+    with raises(ValueError, match=rf"ProcessGrid.scatter: ranks? .*of {grid.size}: root {grid.size} out of "
                                          rf"range for {grid.size} ranks"):
         grid.scatter(None, root=grid.size)
-    with pytest.raises(ValueError, match=rf"ProcessGrid.scatter: rank 0 of {grid.size}: root 0 must pass an array with "
+    with raises(ValueError, match=rf"ProcessGrid.scatter: rank 0 of {grid.size}: root 0 must pass an array with "
                                          "at least 2 axes"):
         grid.scatter(numpy.zeros(3) if grid.rank == 0 else None)
 
@@ -179,7 +186,7 @@ def test_bad_ranks_and_roots(grid):
 def test_gather_of_a_missing_tile_fails_on_every_rank(grid):
     h, w = grid.local_shape(7, 10)
     tile = numpy.zeros(3) if grid.rank == 1 else numpy.zeros((h, w))
-    with pytest.raises(ValueError, match=rf"ProcessGrid.gather: rank 1 of {grid.size}: expected this rank's tile, an "
+    with raises(ValueError, match=rf"ProcessGrid.gather: rank 1 of {grid.size}: expected this rank's tile, an "
                                          r"array with at least 2 axes, got ndarray \(3,\)"):
         grid.gather(tile)
 
@@ -234,11 +241,11 @@ def test_operators_on_a_freed_grid_raise(comm):
     ops = [GatherFrom(g.cart, 0, g.size), HaloExchange(g, 1, 1)]
     g.free()
     for op in ops:
-        with pytest.raises(RuntimeError, match="freed"):
+        with raises(RuntimeError, match="freed"):
             op.forward(numpy.zeros((g.size, 3)))
-    with pytest.raises(RuntimeError, match=r"DistributedRealSHT: the grid was freed \(grid.free\(\)\)"):
+    with raises(RuntimeError, match=r"DistributedRealSHT: the grid was freed \(grid.free\(\)\)"):
         DistributedRealSHT(g, 9, 16)
-    with pytest.raises(RuntimeError, match=r"ProcessGrid: used after free\(\)"):
+    with raises(RuntimeError, match=r"ProcessGrid: used after free\(\)"):
         g.scatter(None)
 
 
@@ -269,7 +276,7 @@ def test_check_tile_finds_a_model_numbered_the_other_way(comm):
     nlat, nlon = 9, 12
     with ProcessGrid(comm, npolar=npolar, order="polar-fastest") as model, ProcessGrid(comm, npolar=npolar) as g:
         lat, lon = model.local_slices(nlat, nlon)  # the model's tile, by its own numbering
-        with pytest.raises(ValueError, match=r"ProcessGrid.check_tile: the model's tiles of the 9 x 12 field differ "
+        with raises(ValueError, match=r"ProcessGrid.check_tile: the model's tiles of the 9 x 12 field differ "
                                              r"from mpisphere's on \d+ of \d+ ranks: rank \d+ holds latitudes .*"
                                              r"build the grid with order='polar-fastest'"):
             g.check_tile(nlat, nlon, lat, lon)
@@ -278,10 +285,10 @@ def test_check_tile_finds_a_model_numbered_the_other_way(comm):
 @pytest.mark.mpi(min_size=2)
 def test_scatter_of_an_unsupported_dtype_fails_the_same_on_every_rank(grid):
     bfloat16_like = numpy.zeros((4, 6), dtype=numpy.dtype((numpy.void, 2)))
-    with pytest.raises(TypeError, match=rf"^ProcessGrid.scatter: rank 0 of {grid.size}: root 0's field: unsupported "
+    with raises(TypeError, match=rf"^ProcessGrid.scatter: rank 0 of {grid.size}: root 0's field: unsupported "
                                         "dtype void16"):
         grid.scatter(bfloat16_like if grid.rank == 0 else None)
-    with pytest.raises(ValueError, match=rf"^ProcessGrid.scatter: rank 0 of {grid.size}: root 0 must pass an array "
+    with raises(ValueError, match=rf"^ProcessGrid.scatter: rank 0 of {grid.size}: root 0 must pass an array "
                                          "with at least 2 axes"):
         grid.scatter(numpy.zeros(3) if grid.rank == 0 else None)
 
@@ -292,6 +299,6 @@ def test_gather_names_the_tiles_that_do_not_fit(grid):
         pytest.skip("needs two azimuth ranks")
     h, w = grid.local_shape(7, 10)
     tile = numpy.zeros((h, w + (2 if grid.rank == 1 else 0)))  # rank 1's tile is two columns too wide
-    with pytest.raises(ValueError, match=r"ProcessGrid.gather: the tiles do not fit together as one field: .*"
+    with raises(ValueError, match=r"ProcessGrid.gather: the tiles do not fit together as one field: .*"
                                          r"\(tiles: rank 0: \(\d+, \d+\), rank 1: \(\d+, \d+\)"):
         grid.gather(tile)

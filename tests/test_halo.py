@@ -1,5 +1,6 @@
 """HaloExchange on every grid: against a padded global field, adjoints, corners, bad input."""
 
+import re
 import numpy
 import pytest
 from mpi4py import MPI
@@ -8,7 +9,7 @@ from mpisphere import config, dottest
 from mpisphere.halo import HaloExchange, HaloReduce
 from mpisphere.quadrature import latitudes
 
-from helpers import message_sizes, random_array, rank_rng
+from helpers import message_sizes, raises, random_array, rank_rng, whole_message
 
 pytestmark = pytest.mark.mpi
 
@@ -169,25 +170,25 @@ def test_a_zero_width_moves_headers_only(grid, rng, monkeypatch):
 def test_halo_wider_than_smallest_tile_is_an_error_before_any_message(grid):
     lat_sizes, lon_sizes = grid.lat_sizes(NLAT), grid.lon_sizes(NLON)
     if grid.npolar > 1:
-        with pytest.raises(ValueError, match=rf"a halo of {min(lat_sizes) + 1} rows is wider than the smallest polar "
+        with raises(ValueError, match=rf"a halo of {min(lat_sizes) + 1} rows is wider than the smallest polar "
                                              rf"tile \({min(lat_sizes)} rows; nlat={NLAT} split over {grid.npolar}.*"
                                              rf"use at most {min(lat_sizes)} halo rows"):
             HaloExchange(grid, min(lat_sizes) + 1, extents=(NLAT, NLON))
     else:  # a single polar rank: any number of rows, all zero past the poles
         HaloExchange(grid, NLAT + 3, extents=(NLAT, NLON))
     if grid.nazimuth > 1:
-        with pytest.raises(ValueError, match=rf"a halo of {min(lon_sizes) + 1} columns is wider than the smallest "
+        with raises(ValueError, match=rf"a halo of {min(lon_sizes) + 1} columns is wider than the smallest "
                                              rf"azimuth tile \({min(lon_sizes)} columns"):
             HaloExchange(grid, 0, min(lon_sizes) + 1, extents=(NLAT, NLON))
     else:
-        with pytest.raises(ValueError, match=rf"a halo of {NLON + 1} columns is wider than the whole ring of {NLON}"):
+        with raises(ValueError, match=rf"a halo of {NLON + 1} columns is wider than the whole ring of {NLON}"):
             HaloExchange(grid, 0, NLON + 1, extents=(NLAT, NLON))
 
 
 def test_halo_wider_than_every_tile_fails_on_every_rank_without_extents(grid):
     h, w = grid.local_shape(NLAT, NLON)
     x = numpy.zeros((h, w))
-    with pytest.raises(ValueError, match=rf"HaloExchange.forward: rank {grid.rank} of {grid.size}.*"
+    with raises(ValueError, match=rf"HaloExchange.forward: rank {grid.rank} of {grid.size}.*"
                                          rf"a halo of {NLON + 1} "
                                          "columns is wider than"):
         HaloExchange(grid, 0, NLON + 1).forward(x)  # wider than any tile: every rank raises, none waits
@@ -209,21 +210,31 @@ def test_single_rank_ring_wraps_onto_itself(comm, rng):
 def test_wrong_tile_shape_with_extents(grid):
     h, w = grid.local_shape(NLAT, NLON)
     op = HaloExchange(grid, 1, 1, extents=(NLAT, NLON))
-    with pytest.raises(ValueError, match=rf"rank {grid.rank} of {grid.size}.*: expected a tile of \({h}, {w}\).*got "
-                                         rf"\({h}, {w + 1}\)"):
+    with raises(ValueError) as caught:
         op.forward(numpy.zeros((h, w + 1)))
-    with pytest.raises(ValueError, match=rf"expected a padded tile of \({h + 2}, {w + 2}\)"):
+    assert re.search(rf"^HaloExchange.forward: rank {grid.rank} .*: the last two axes \({h}, {w + 1}\) are not this "
+                     rf"rank's tile .*\n  fix: grid.scatter\(field\).*\n(.*\n)*  rank {grid.rank}: expected \({h}, "
+                     rf"{w}\), got \({h}, {w + 1}\)", whole_message(caught.value)), whole_message(caught.value)
+    with raises(ValueError) as caught:
         op.update(numpy.zeros((h, w)))
-    with pytest.raises(TypeError, match="at least 2 axes"):
+    assert f"rank {grid.rank}: expected ({h + 2}, {w + 2}), got ({h}, {w})" in whole_message(caught.value)
+    if grid.size > 1:  # the whole field where a tile belongs: said so, with what to do
+        with raises(ValueError) as caught:
+            op.forward(numpy.zeros((NLAT, NLON)))
+        text = whole_message(caught.value)
+        assert re.search(rf"^HaloExchange.forward: rank {grid.rank} of {grid.size} .*cannot exchange its halo: this "
+                         rf"rank: got the whole {NLAT} x {NLON} field where this rank's tile belongs;[^\n]*\n  fix: "
+                         r"grid.scatter\(field\) gives each rank its tile", text), text
+    with raises(TypeError, match="at least 2 axes"):
         op.forward(numpy.zeros(4))
-    with pytest.raises(TypeError, match="unsupported dtype int64"):
+    with raises(TypeError, match="unsupported dtype int64"):
         op.forward(numpy.zeros((h, w), numpy.int64))
 
 
 def test_bad_widths(grid):
-    with pytest.raises(ValueError, match="rows must be non-negative, got rows=-1"):
+    with raises(ValueError, match="rows must be non-negative, got rows=-1"):
         HaloExchange(grid, -1)
-    with pytest.raises(TypeError, match="HaloExchange: cols must be an integer, got 1.5"):
+    with raises(TypeError, match="HaloExchange: cols must be an integer, got 1.5"):
         HaloExchange(grid, 1, 1.5)
 
 
@@ -241,7 +252,7 @@ def test_a_rank_with_another_batch_raises_on_its_neighbours(grid, rng, debug, di
     run = getattr(op, direction)
     with config.override(debug=debug):
         if grid.rank in _near(grid, 1):
-            with pytest.raises(ValueError, match="cannot exchange its halo: .*(not making the same call|could not "
+            with raises(ValueError, match="cannot exchange its halo: .*(not making the same call|could not "
                                                  "complete its own exchange)"):
                 run(x)
         else:  # too far from rank 1 to exchange anything wrong with it: a correct result
@@ -273,24 +284,25 @@ def test_halo_reduce_is_the_adjoint_as_an_operator(grid):
 def test_halo_reduce_messages_name_halo_reduce(grid):
     h, w = grid.local_shape(NLAT, NLON)
     reduce = HaloReduce(grid, 1, 1, extents=(NLAT, NLON))
-    with pytest.raises(ValueError, match=r"^HaloReduce.forward: rank \d+ of \d+.*expected a padded tile of"):
+    with raises(ValueError, match=r"^HaloReduce.forward: rank \d+ of \d+.*the last two axes .* are not this rank's "
+                                  r"padded tile"):
         reduce.forward(numpy.zeros((h, w)))
-    with pytest.raises(ValueError, match=r"^HaloReduce: a halo of \d+ rows is wider than the smallest polar tile") \
-            if grid.npolar > 1 else pytest.raises(ValueError, match=r"^HaloReduce: a halo of \d+ columns"):
+    with raises(ValueError, match=r"^HaloReduce: a halo of \d+ rows is wider than the smallest polar tile") \
+            if grid.npolar > 1 else raises(ValueError, match=r"^HaloReduce: a halo of \d+ columns"):
         HaloReduce(grid, NLAT + 1, NLON + 1, extents=(NLAT, NLON))
 
 
 def test_messages_that_teach(grid):
-    with pytest.raises(TypeError, match=r"HaloExchange: grid must be a ProcessGrid, got GridComm \(a communicator; "
+    with raises(TypeError, match=r"HaloExchange: grid must be a ProcessGrid, got GridComm \(a communicator; "
                                         r"pass the ProcessGrid it belongs to\)"):
         HaloExchange(grid.cart, 1)
-    with pytest.raises(TypeError, match=r"HaloExchange: extents\[0\] \(nlat\) must be an integer, got 13.0"):
+    with raises(TypeError, match=r"HaloExchange: extents\[0\] \(nlat\) must be an integer, got 13.0"):
         HaloExchange(grid, 1, extents=(13.0, 10))
-    with pytest.raises(TypeError, match=r"HaloExchange: extents must be a pair \(nlat, nlon\) of integers, "
+    with raises(TypeError, match=r"HaloExchange: extents must be a pair \(nlat, nlon\) of integers, "
                                         r"got \(13,\)"):
         HaloExchange(grid, 1, extents=(13,))
     from mpisphere import GatherFrom
-    with pytest.raises(ValueError, match=r"GatherFrom @ HaloExchange: .*cannot take part in a composition: without "
+    with raises(ValueError, match=r"GatherFrom @ HaloExchange: .*cannot take part in a composition: without "
                                          r"extents .* build it with extents=\(nlat, nlon\)|HaloExchange cannot take "
                                          r"part in a composition"):
         GatherFrom(grid.polar, -2, NLAT) @ HaloExchange(grid, 0, 1)
@@ -307,7 +319,7 @@ def test_a_halo_without_extents_against_one_with_them(grid, rng):
         op = without if grid.rank == 1 else with_extents
         arg = x if direction == "forward" else numpy.zeros((2, h + 2, w + 2))
         if grid.rank in _near(grid, 1):
-            with pytest.raises(ValueError, match="cannot exchange its halo"):
+            with raises(ValueError, match="cannot exchange its halo"):
                 getattr(op, direction)(arg)
         else:
             getattr(op, direction)(arg)
@@ -324,7 +336,7 @@ def test_two_different_halo_calls_on_neighbours_raise_instead_of_waiting(grid, r
     rows_only, cols_only = HaloExchange(grid, 1, 0), HaloExchange(grid, 0, 1)
     x = rng.standard_normal((2, h, w))
     if grid.rank in _near(grid, 1):
-        with pytest.raises(ValueError, match="cannot exchange its halo"):
+        with raises(ValueError, match="cannot exchange its halo"):
             (cols_only if grid.rank == 1 else rows_only).forward(x)
     else:
         rows_only.forward(x)
@@ -427,31 +439,31 @@ def test_across_the_poles_dottest(grid, rows, cols, dtype, quadrature):
 
 
 def test_across_the_poles_refuses_what_it_cannot_do(grid):
-    with pytest.raises(ValueError, match="needs an even nlon"):
+    with raises(ValueError, match="needs an even nlon"):
         HaloExchange(grid, 1, 1, extents=(NLAT, 11), poles="across", quadrature="legendre-gauss")
-    with pytest.raises(ValueError, match="needs extents"):
+    with raises(ValueError, match="needs extents"):
         HaloExchange(grid, 1, 1, poles="across", quadrature="legendre-gauss")
-    with pytest.raises(ValueError, match="needs quadrature="):
+    with raises(ValueError, match="needs quadrature="):
         HaloExchange(grid, 1, 1, extents=(NLAT, ACROSS_NLON), poles="across")
-    with pytest.raises(ValueError, match="quadrature must be one of .*got 'gauss-hermite'"):
+    with raises(ValueError, match="quadrature must be one of .*got 'gauss-hermite'"):
         HaloExchange(grid, 1, 1, extents=(NLAT, ACROSS_NLON), poles="across", quadrature="gauss-hermite")
-    with pytest.raises(ValueError, match="poles must be one of 'zero', 'across'"):
+    with raises(ValueError, match="poles must be one of 'zero', 'across'"):
         HaloExchange(grid, 1, 1, extents=(NLAT, ACROSS_NLON), poles="mirror")
-    with pytest.raises(ValueError, match="signs apply across the poles"):
+    with raises(ValueError, match="signs apply across the poles"):
         HaloExchange(grid, 1, 1, extents=(NLAT, ACROSS_NLON), signs=(1, -1))
-    with pytest.raises(ValueError, match="quadrature says where the poles are"):
+    with raises(ValueError, match="quadrature says where the poles are"):
         HaloExchange(grid, 1, 1, extents=(NLAT, ACROSS_NLON), quadrature="lobatto")
     op = HaloExchange(grid, 1, 1, extents=(NLAT, ACROSS_NLON), poles="across", signs=(1, -1),
                       quadrature="legendre-gauss")
     h, w = grid.local_shape(NLAT, ACROSS_NLON)
     fields = 3 if grid.rank == 0 else 2  # one rank passes three fields for two signs: every rank raises
-    with pytest.raises(ValueError, match=f"rank 0 of {grid.size}: signs has 2 entries"):
+    with raises(ValueError, match=f"rank 0 of {grid.size}: signs has 2 entries"):
         op.forward(numpy.zeros((fields, h, w)))
 
 
 @pytest.mark.mpi(min_size=2)
 def test_ranks_that_build_another_halo_raise_at_construction(grid):
     """The widths and poles decide who talks to whom: agreed when the exchange is built, on every rank."""
-    with pytest.raises(ValueError, match=r"HaloExchange: the \d ranks built it from different arguments .*rank 1 has: "
+    with raises(ValueError, match=r"HaloExchange: the \d ranks built it from different arguments .*rank 1 has: "
                                          r"HaloExchange\(grid=.*rows=0"):
         HaloExchange(grid, 0 if grid.rank == 1 else 1, 1)

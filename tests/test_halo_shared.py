@@ -13,7 +13,7 @@ from mpisphere import config
 from mpisphere.agreement import HEADER_BYTES
 from mpisphere.halo import HaloExchange
 
-from helpers import message_sizes, random_array, rank_rng
+from helpers import message_sizes, raises, random_array, rank_rng
 
 pytestmark = pytest.mark.mpi
 
@@ -178,7 +178,7 @@ def test_a_mistake_next_to_a_shared_tile_raises_and_the_next_call_works(grid):
             for p in (p0 - 1, p0, p0 + 1) if 0 <= p < grid.npolar for da in (-1, 0, 1)}
     x = numpy.zeros((3,) + shared.shape[1:]) if grid.rank == 1 else shared
     if grid.rank in near:
-        with pytest.raises(ValueError, match="cannot exchange its halo"):
+        with raises(ValueError, match="cannot exchange its halo"):
             halo.update(x)
     else:
         halo.update(x)
@@ -188,12 +188,12 @@ def test_a_mistake_next_to_a_shared_tile_raises_and_the_next_call_works(grid):
 
 def test_allocation_checks_and_agrees(grid):
     halo = _halo(grid, 1, 1)
-    with pytest.raises(TypeError, match=r"^HaloExchange.zeros: ranks? [0-9, -]+ of \d+: lead must be an int or a "
+    with raises(TypeError, match=r"^HaloExchange.zeros: ranks? [0-9, -]+ of \d+: lead must be an int or a "
                                         r"tuple"):
         halo.zeros("2")
-    with pytest.raises(TypeError, match=r"^HaloExchange.empty: ranks? [0-9, -]+ of \d+: .*bool"):
+    with raises(TypeError, match=r"^HaloExchange.empty: ranks? [0-9, -]+ of \d+: .*bool"):
         halo.empty(2, bool)
-    with pytest.raises(TypeError, match=r"^HaloExchange.zeros: ranks? [0-9, -]+ of \d+: a halo without extents"):
+    with raises(TypeError, match=r"^HaloExchange.zeros: ranks? [0-9, -]+ of \d+: a halo without extents"):
         HaloExchange(grid, 1, 1).zeros(2)
 
 

@@ -6,6 +6,8 @@ from mpi4py import MPI
 
 from mpisphere.interop import array_from_address, fortran_tile
 
+from helpers import raises
+
 
 @pytest.mark.parametrize("dtype", [numpy.float64, numpy.float32])
 def test_array_from_address_is_the_transposed_view(dtype):
@@ -19,11 +21,11 @@ def test_array_from_address_is_the_transposed_view(dtype):
 
 
 def test_array_from_address_rejects_bad_arguments():
-    with pytest.raises(ValueError, match="array_from_address: address must be positive"):
+    with raises(ValueError, match="array_from_address: address must be positive"):
         array_from_address(0, (2, 2))
-    with pytest.raises(TypeError, match="array_from_address: fortran_shape entry must be an integer"):
+    with raises(TypeError, match="array_from_address: fortran_shape entry must be an integer"):
         array_from_address(1, (2.5, 2))
-    with pytest.raises(ValueError, match="fortran_shape entry must be non-negative"):
+    with raises(ValueError, match="fortran_shape entry must be non-negative"):
         array_from_address(1, (-1, 2))
 
 

@@ -9,6 +9,8 @@ from mpi4py import MPI
 from mpisphere import PointInterpolation, ProcessGrid, dottest
 from mpisphere.quadrature import latitudes
 
+from helpers import raises
+
 pytestmark = pytest.mark.mpi
 
 NLAT, NLON = 19, 36
@@ -74,7 +76,7 @@ def test_adjoint(grid, quadrature):
 def test_points_in_the_polar_cap_of_a_gauss_grid_are_refused_on_every_rank(grid):
     lats, lons = random_points(10, 5, "legendre-gauss")
     lats[3] = math.radians(89.9)
-    with pytest.raises(ValueError, match=r"^PointInterpolation: 1 of 10 points lie poleward"):
+    with raises(ValueError, match=r"^PointInterpolation: 1 of 10 points lie poleward"):
         PointInterpolation(grid, NLAT, NLON, lats, lons, quadrature="legendre-gauss")
 
 
@@ -85,7 +87,7 @@ def test_points_that_differ_on_one_rank_are_refused_on_every_rank(grid):
     if grid.size == 1:
         pytest.skip("needs two ranks to differ")
     last = grid.size - 1  # named alone (the odd one out), never rank 0 by default
-    with pytest.raises(ValueError, match=rf"^PointInterpolation: the {grid.size} ranks built it from different "
+    with raises(ValueError, match=rf"^PointInterpolation: the {grid.size} ranks built it from different "
                                          rf"arguments.*\| rank {last} has: PointInterpolation\(.*"
                                          r"lons=array\(\(10,\), float64"):
         PointInterpolation(grid, NLAT, NLON, lats, lons)
@@ -97,5 +99,5 @@ def test_wrong_tile_raises_on_every_rank(grid):
     tile = numpy.zeros(grid.local_shape(NLAT, NLON))
     bad = numpy.zeros((tile.shape[0] + 1, tile.shape[1])) if grid.rank == 0 else tile
     message = rf"PointInterpolation.forward: rank 0 of {grid.size}: expected this rank's tile"
-    with pytest.raises(ValueError, match=message):
+    with raises(ValueError, match=message):
         op.forward(bad)

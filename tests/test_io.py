@@ -20,7 +20,7 @@ xarray = pytest.importorskip("xarray")
 
 from mpisphere.io import FieldStore, checkpoint, open_checkpoint  # noqa: E402
 
-from helpers import every_rank, sub_grids  # noqa: E402
+from helpers import every_rank, raises, sub_grids  # noqa: E402
 
 pytestmark = pytest.mark.mpi
 
@@ -127,29 +127,29 @@ def test_a_reader_that_does_not_fit_is_refused_on_every_rank(grid, shared):
     # chunks of zeros are files too (Zarr skips them unless told; a missing file means a damaged store)
     numpy.testing.assert_array_equal(store.read_tiles("t", nlat, nlon), 0)
     who = f"ranks? 0.*of {grid.size}"
-    with pytest.raises(ValueError, match=f"read_tiles.*{who}.*nlat is 17 in the store, 18 here"):
+    with raises(ValueError, match=f"read_tiles.*{who}.*nlat is 17 in the store, 18 here"):
         store.read_tiles("t", 18, nlon)
-    with pytest.raises(ValueError, match="quadrature is 'equiangular' in the store, 'legendre-gauss' here"):
+    with raises(ValueError, match="quadrature is 'equiangular' in the store, 'legendre-gauss' here"):
         store.read_tiles("t", nlat, nlon, "legendre-gauss")
-    with pytest.raises(ValueError, match="mpisphere is 'coefficients' in the store, 'tiles' here"):
+    with raises(ValueError, match="mpisphere is 'coefficients' in the store, 'tiles' here"):
         store.read_tiles("c", nlat, nlon)
     for options, text in [(dict(lmax=8), "lmax is 9 in the store, 8 here"),
                           (dict(norm="schmidt"), "norm is 'ortho' in the store, 'schmidt' here"),
                           (dict(csphase=False), "csphase is True in the store, False here")]:
         other = DistributedRealSHT(grid, nlat, nlon, **options)
-        with pytest.raises(ValueError, match=text):
+        with raises(ValueError, match=text):
             store.read_coefficients("c", other)
-    with pytest.raises(ValueError, match="no variable 'nothing'"):
+    with raises(ValueError, match="no variable 'nothing'"):
         store.read_tiles("nothing", nlat, nlon)
-    with pytest.raises(PermissionError, match="read-only"):
+    with raises(PermissionError, match="read-only"):
         FieldStore(path, grid).write_tiles("u", numpy.zeros(grid.local_shape(nlat, nlon)), nlat, nlon)
     # a wrong tile on one rank only: every rank raises, naming it
     odd = grid.size - 1
     shape = grid.local_shape(nlat, nlon)
     tile = numpy.zeros((shape[0] + (grid.rank == odd), shape[1]))
-    with pytest.raises(ValueError, match=f"rank {odd} of {grid.size}: expected this rank's tiles"):
+    with raises(ValueError, match=f"rank {odd} of {grid.size}: expected this rank's tiles"):
         store.write_tiles("w", tile, nlat, nlon)
-    with pytest.raises(FileNotFoundError, match="no store"):
+    with raises(FileNotFoundError, match="no store"):
         FieldStore(os.path.join(shared, "absent.zarr"), grid)
 
 
@@ -166,20 +166,20 @@ def test_damaged_chunks_raise_on_every_rank(grid, shared):
         open(victim, "wb").write(bytes(data))
     grid.cart.Barrier()
     store = FieldStore(path, grid)
-    with pytest.raises(ValueError, match="checksum"):
+    with raises(ValueError, match="checksum"):
         store.read_tiles("t", nlat, nlon)
     if grid.rank == 0:
-        with pytest.raises(ValueError, match="checksum"):
+        with raises(ValueError, match="checksum"):
             xarray.open_zarr(path)["t"].values
         os.remove(victim)
     grid.cart.Barrier()
-    with pytest.raises(ValueError, match="chunk file.*missing"):
+    with raises(ValueError, match="chunk file.*missing"):
         store.read_tiles("t", nlat, nlon)
     if grid.rank == 0:
         with open(os.path.join(path, "t", "zarr.json"), "r+") as f:
             f.truncate(40)
     grid.cart.Barrier()
-    with pytest.raises(ValueError, match=f"of {grid.size}: cannot open 't'.*JSONDecodeError"):
+    with raises(ValueError, match=f"of {grid.size}: cannot open 't'.*JSONDecodeError"):
         store.read_tiles("t", nlat, nlon)
 
 
@@ -194,7 +194,7 @@ def test_an_interrupted_checkpoint_leaves_the_previous_one(grid, shared):
     # the failing rank sees its own exception, every other rank the agreed one naming it
     expected = "the model blew up" if grid.rank == odd else \
         f"rank {odd} of {grid.size}: the checkpoint was not completed: RuntimeError: the model blew up"
-    with pytest.raises(RuntimeError, match=expected):
+    with raises(RuntimeError, match=expected):
         with checkpoint(path, grid) as store:
             store.write_tiles("x", tile_of(first * 2, grid, nlat, nlon), nlat, nlon)
             if grid.rank == odd:
@@ -212,7 +212,7 @@ def test_an_interrupted_checkpoint_leaves_the_previous_one(grid, shared):
         with open(os.path.join(path, "CURRENT"), "w") as f:
             f.write("garbage")
     grid.cart.Barrier()
-    with pytest.raises(ValueError, match=f"CURRENT' is damaged.*|rank 0 of {grid.size}.*damaged"):
+    with raises(ValueError, match=f"CURRENT' is damaged.*|rank 0 of {grid.size}.*damaged"):
         open_checkpoint(path, grid)
 
 
@@ -244,7 +244,7 @@ def test_a_bad_write_on_one_rank_raises_on_every_rank(grid, shared, case, messag
     nlat, nlon = 9, 16
     store = FieldStore(os.path.join(shared, "bad.zarr"), grid, mode="w")
     args, kwargs = _bad_write(case, grid, nlat, nlon)
-    with pytest.raises((TypeError, ValueError), match=f"rank {grid.size - 1} of {grid.size}: .*{message}"):
+    with raises((TypeError, ValueError), match=f"rank {grid.size - 1} of {grid.size}: .*{message}"):
         store.write_tiles(*args, **kwargs)
     assert store.variables() == []  # nothing was written
 
@@ -253,20 +253,20 @@ def test_writes_that_do_not_fit_the_store_raise_on_every_rank(grid, shared):
     nlat, nlon = 9, 16
     store = FieldStore(os.path.join(shared, "fit.zarr"), grid, mode="w")
     store.write_tiles("v", numpy.zeros((1,) + grid.local_shape(nlat, nlon)), nlat, nlon, dims=("time",))
-    with pytest.raises(ValueError, match=f"{every_rank(grid.size)}: append=True extends the first leading axis"):
+    with raises(ValueError, match=f"{every_rank(grid.size)}: append=True extends the first leading axis"):
         store.write_tiles("v", numpy.zeros(grid.local_shape(nlat, nlon)), nlat, nlon, append=True)
     # rank 0 writes the metadata and finds it; every rank raises, naming rank 0
-    with pytest.raises(ValueError, match=f"rank 0 of {grid.size}: cannot append: 'v' holds"):
+    with raises(ValueError, match=f"rank 0 of {grid.size}: cannot append: 'v' holds"):
         store.write_tiles("v", numpy.zeros((1,) + grid.local_shape(nlat, nlon), numpy.float32), nlat, nlon,
                           dims=("time",), append=True)
-    with pytest.raises(ValueError, match="one store holds one grid"):
+    with raises(ValueError, match="one store holds one grid"):
         store.write_tiles("u", numpy.zeros(grid.local_shape(11, nlon)), 11, nlon)
-    with pytest.raises(TypeError, match=f"{every_rank(grid.size)}: attrs must be JSON"):
+    with raises(TypeError, match=f"{every_rank(grid.size)}: attrs must be JSON"):
         store.set_attrs({"when": object()})
     with ProcessGrid(MPI.COMM_SELF) as alone:
         other = DistributedRealSHT(alone, nlat, nlon)
         if grid.size > 1:
-            with pytest.raises(TypeError, match="sht must be a distributed transform of this store's grid"):
+            with raises(TypeError, match="sht must be a distributed transform of this store's grid"):
                 store.write_coefficients("c", numpy.zeros(other.block_shape, complex), other)
 
 
@@ -288,7 +288,7 @@ def test_points_of_a_reduced_grid_round_trip_onto_every_grid_and_open_in_xarray(
             back = FieldStore(path, sub, mode="r").read_points("h", on_sub)
             numpy.testing.assert_array_equal(back, expected[:, on_sub.point_indices()])
     other = RingTiles(grid, RingGeometry.octahedral(7))
-    with pytest.raises(ValueError, match="rings is"):
+    with raises(ValueError, match="rings is"):
         store.read_points("h", other)
     if grid.rank == 0:
         ds = xarray.open_zarr(path)

@@ -10,7 +10,7 @@ from mpisphere import (DistributedInverseRealSHT, DistributedInverseRealVectorSH
 from mpisphere.sht import costs
 from mpisphere.sht.orders import order_assignment
 
-from helpers import random_array, rank_rng, tile
+from helpers import raises, random_array, rank_rng, tile
 from test_sht import QUADRATURES, reference_forward, reference_inverse
 
 pytestmark = pytest.mark.mpi
@@ -143,12 +143,12 @@ def test_auto_keeps_the_transpose_where_its_tables_fit_and_shrinks_them_where_no
 
 
 def test_bad_strategies_raise(grid):
-    with pytest.raises(ValueError, match="legendre must be one of 'auto', 'transpose', 'reduce-scatter', "
+    with raises(ValueError, match="legendre must be one of 'auto', 'transpose', 'reduce-scatter', "
                                          "'table-free', got 'fast'"):
         DistributedRealSHT(grid, 17, 32, legendre="fast")
-    with pytest.raises(ValueError, match="max_table_bytes is the budget legendre='auto' chooses by"):
+    with raises(ValueError, match="max_table_bytes is the budget legendre='auto' chooses by"):
         DistributedRealSHT(grid, 17, 32, legendre="transpose", max_table_bytes=10)
-    with pytest.raises(ValueError, match="max_table_bytes must be non-negative"):
+    with raises(ValueError, match="max_table_bytes must be non-negative"):
         DistributedRealSHT(grid, 17, 32, max_table_bytes=-1)
 
 
@@ -158,7 +158,7 @@ def test_ranks_that_resolve_auto_differently_raise_on_every_rank(grid):
     budget = 0 if grid.rank == 0 else 1 << 40
     sht = DistributedRealSHT(grid, 17, 32, max_table_bytes=budget)
     assert sht.legendre == ("table-free" if grid.rank == 0 else "transpose")
-    with pytest.raises(ValueError, match="legendre resolved='table-free'"):
+    with raises(ValueError, match="legendre resolved='table-free'"):
         sht.forward(numpy.zeros(sht.domain_shape((2,))))
 
 
@@ -167,7 +167,7 @@ def test_ranks_that_differ_in_overlap_raise_on_every_rank(grid):
     if grid.size == 1:
         pytest.skip("one rank has no other to differ from")
     sht = DistributedRealSHT(grid, 17, 32, overlap=grid.rank == 0)
-    with pytest.raises(ValueError, match="overlap=(True|False)"):
+    with raises(ValueError, match="overlap=(True|False)"):
         sht.forward(numpy.zeros(sht.domain_shape((2 * grid.size,))))
 
 
@@ -228,7 +228,7 @@ def test_a_device_array_is_refused_by_the_table_free_strategy_before_the_ranks_a
                           (dict(max_table_bytes=0), "max_table_bytes")):
         sht = DistributedRealSHT(grid, 17, 32, **options)
         assert sht.legendre == "table-free"
-        with pytest.raises(InputError) as found:
+        with raises(InputError) as found:
             sht._output(FORWARD, Spec(sht.domain_shape((2,)), numpy.dtype(numpy.float64), True))
         assert found.value.kind is TypeError and "runs on host arrays only" in found.value.text
         assert hint in found.value.text
@@ -266,5 +266,5 @@ def test_a_machine_model_file_is_read_and_checked(grid, tmp_path, monkeypatch):
     loaded = DistributedRealSHT(grid, 17, 32).machine
     assert loaded.scalar_analysis_on_the_fly_rate == 1.0 and loaded.source == str(path)
     path.write_text("{}")
-    with pytest.raises(ValueError, match="not a machine model written by 'python -m mpisphere calibrate"):
+    with raises(ValueError, match="not a machine model written by 'python -m mpisphere calibrate"):
         DistributedRealSHT(grid, 17, 32)

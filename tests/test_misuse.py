@@ -166,7 +166,9 @@ EXPECTED = {
     "ring_scatter_points_on_the_last_rank": ("ValueError", r"^RingTiles.scatter: rank {last} of {size}: root {last}'s "
                                                            r"field has 209 points in its last axis, O4 has 208$"),
     "ring_points_on_the_last_rank": ("ValueError", r"^DistributedReducedRealSHT.forward: rank {last} of {size}: "
-                                                   r"expected a set of points of \(\d+,\) in the last 1 axes"),
+                                                   r"the input's last 1 axes are not this rank's set of points"
+                                                   r"\n  fix: .*"
+                                                   r"\n  rank {last} \(.*\): expected \(\d+,\) in the last 1 axes"),
     "ring_interpolation_whole_field_on_the_last_rank": ("ValueError", r"^RingPointInterpolation.forward: rank {last} "
                                                                       r"of {size}: expected this rank's points "
                                                                       r"\(\.\.\., \d+\) of O4, got shape \(208,\)$"),
@@ -233,3 +235,17 @@ def test_mistake_on_one_rank_raises_on_every_rank(case, size, debug):
             f"{case}: rank {record['rank']} raised {record['type']}: {record['message']}"
         assert re.search(pattern, record["message"]), \
             f"{case}: rank {record['rank']}'s message does not match {pattern!r}:\n{record['message']}"
+    # an error raised by an agreement is printed once: in full by one rank, in one line naming it by the others
+    # (a rank that raised its own error, such as a refused call, names none: it printed its own in full)
+    reporters = {record["reporter"] for record in seen} - {None}
+    if reporters:
+        assert len(reporters) == 1, f"{case}: the ranks name different reporters {reporters}"
+        reporter = reporters.pop()
+        for record in seen:
+            if record["rank"] == reporter:
+                assert record["printed"] == record["message"], f"{case}: the reporter {reporter} shortened its message"
+            else:
+                assert "\n" not in record["printed"] and len(record["printed"]) < 260 and \
+                    f"the whole message: rank {reporter}'s error" in record["printed"], \
+                    f"{case}: rank {record['rank']} printed more than one line naming rank {reporter}: " \
+                    f"{record['printed']}"

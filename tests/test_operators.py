@@ -6,7 +6,7 @@ import pytest
 from mpisphere import DISTRIBUTED, REPLICATED, Layout, LinearOperator, dottest, inner
 from mpisphere.agreement import InputError
 
-from helpers import rank_rng
+from helpers import raises, rank_rng
 
 pytestmark = pytest.mark.mpi
 
@@ -32,7 +32,7 @@ def test_dottest_failure_names_both_inner_products_and_the_bound(comm):
     lhs = comm.allreduce(float(numpy.dot(2 * x, y)))
     bound = comm.allreduce(float(numpy.dot(abs(2 * x), abs(y)) + numpy.dot(abs(x), abs(3 * y))))
     measure = abs(lhs - 1.5 * lhs) / bound
-    with pytest.raises(AssertionError, match=rf"dottest\(Scale\): <A x, y> = {lhs!r} but <x, A\^H y> = .*; their "
+    with raises(AssertionError, match=rf"dottest\(Scale\): <A x, y> = {lhs!r} but <x, A\^H y> = .*; their "
                                              rf"difference .* is {measure:.3e} of the rounding bound "
                                              r"sum\|Ax\|\|y\| \+ sum\|x\|\|A\^H y\| = .*, more than rtol 1\.0e-13"):
         dottest(Scale(comm, broken=True), x, y)
@@ -89,12 +89,12 @@ def test_inner_products_by_layout(comm):
     local = 1 * 2 + 2 * (-1) + 3 * 1  # sum(real(conj(a) * b))
     assert inner(a, b, Layout(REPLICATED, comm)) == local
     assert inner(a, b, Layout(DISTRIBUTED, comm)) == p * local
-    with pytest.raises(ValueError, match=r"inner product of arrays of different shapes \(2,\) and \(3,\)"):
+    with raises(ValueError, match=r"inner product of arrays of different shapes \(2,\) and \(3,\)"):
         inner(a, numpy.zeros(3), Layout(REPLICATED, comm))
 
 
 def test_bad_layout_kind(comm):
-    with pytest.raises(ValueError, match="Layout kind must be 'distributed' or 'replicated', got 'shared'"):
+    with raises(ValueError, match="Layout kind must be 'distributed' or 'replicated', got 'shared'"):
         Layout("shared", comm)
 
 
@@ -157,13 +157,13 @@ def test_sums_differences_scalings_and_diagonals(comm):
 
 def test_algebra_checks_layouts(comm):
     from mpisphere import Diagonal, Identity
-    with pytest.raises(ValueError, match=r"cannot add Diagonal and Identity: their domains are "
+    with raises(ValueError, match=r"cannot add Diagonal and Identity: their domains are "
                                          r"Layout\('distributed'.* and Layout\('replicated'.*; replicated arrays "
                                          r"cannot be used as distributed"):
         Diagonal(numpy.ones(2), Layout(DISTRIBUTED, comm)) + Identity(Layout(REPLICATED, comm))
-    with pytest.raises(TypeError, match="Diagonal: weights must be real, got complex128"):
+    with raises(TypeError, match="Diagonal: weights must be real, got complex128"):
         Diagonal(numpy.ones(2, complex), Layout(DISTRIBUTED, comm))
-    with pytest.raises(TypeError):
+    with raises(TypeError):
         Identity(Layout(DISTRIBUTED, comm)) * "2"
 
 
@@ -188,12 +188,12 @@ class Halfway(LinearOperator):
 
 
 def test_custom_operators_that_forget_something_get_clear_errors(comm):
-    with pytest.raises(TypeError, match=r"Forgetful.domain is None: a LinearOperator must set domain and range to "
+    with raises(TypeError, match=r"Forgetful.domain is None: a LinearOperator must set domain and range to "
                                         r"Layouts in its __init__"):
         Forgetful().forward(numpy.ones(2))
-    with pytest.raises(TypeError, match="Forgetful.domain is None"):
+    with raises(TypeError, match="Forgetful.domain is None"):
         Scale(comm, broken=False) @ Forgetful()
-    with pytest.raises(TypeError, match=r"Halfway defines no _adjoint\(y, out\)"):
+    with raises(TypeError, match=r"Halfway defines no _adjoint\(y, out\)"):
         Halfway(comm).adjoint(numpy.ones(2))
     numpy.testing.assert_array_equal(Halfway(comm).forward(numpy.ones(2)), 2.0)
 
@@ -203,9 +203,9 @@ def test_custom_operators_that_forget_something_get_clear_errors(comm):
 def test_out_overlapping_the_input_is_refused_also_through_a_composition(comm):
     from mpisphere import CopyTo, ReduceFrom
     x = numpy.ones((3, 4))
-    with pytest.raises(ValueError, match="out overlaps the input"):
+    with raises(ValueError, match="out overlaps the input"):
         (ReduceFrom(comm) @ CopyTo(comm)).forward(x, out=x)
-    with pytest.raises(ValueError, match="out overlaps the input"):
+    with raises(ValueError, match="out overlaps the input"):
         CopyTo(comm).forward(x, out=x[::-1])
 
 
@@ -221,11 +221,11 @@ def test_interleaved_views_that_share_no_element_are_accepted(comm):
 
 def test_out_must_be_a_writable_array(comm):
     from mpisphere import CopyTo
-    with pytest.raises(TypeError, match="out must be a NumPy or CuPy array, got list"):
+    with raises(TypeError, match="out must be a NumPy or CuPy array, got list"):
         CopyTo(comm).forward(numpy.ones(2), out=[0.0, 0.0])
     out = numpy.zeros(2)
     out.flags.writeable = False
-    with pytest.raises(ValueError, match="out is read-only"):
+    with raises(ValueError, match="out is read-only"):
         CopyTo(comm).forward(numpy.ones(2), out=out)
 
 
@@ -245,6 +245,6 @@ class LateFinding(LinearOperator):
 
 def test_a_finding_raised_while_running_reaches_the_caller_as_the_exception_it_names(comm):
     """``InputError`` is mpisphere's record of a finding: the caller sees its TypeError/ValueError, never the record."""
-    with pytest.raises(TypeError, match="LateFinding.forward: this rank found a problem while running") as found:
+    with raises(TypeError, match="LateFinding.forward: this rank found a problem while running") as found:
         LateFinding(comm).forward(numpy.ones(3))
     assert type(found.value) is TypeError and not isinstance(found.value, InputError)

@@ -10,7 +10,7 @@ from mpisphere.sht import calculus
 from mpisphere.sht.costs import sht_costs, table_entries
 from mpisphere.sht.orders import order_assignment
 
-from helpers import random_array, rank_rng, tile
+from helpers import raises, random_array, rank_rng, tile
 
 TRANSFORMS = [DistributedRealSHT, DistributedInverseRealSHT, DistributedRealVectorSHT,
               DistributedInverseRealVectorSHT]
@@ -32,7 +32,7 @@ def test_contiguous_is_torch_harmonics_chunks_and_balanced_zig_zags():
     assert [a.tolist() for a in order_assignment(7, 7, 3)] == [[0, 1, 2], [3, 4], [5, 6]]
     # heaviest first to the lightest rank with room: 0 1 2 | 2 1 0 | 0 1 2 | ...
     assert [a.tolist() for a in order_assignment(9, 9, 3, "balanced")] == [[0, 5, 6], [1, 4, 7], [2, 3, 8]]
-    with pytest.raises(ValueError, match="orders must be one of 'contiguous', 'balanced', got 'zigzag'"):
+    with raises(ValueError, match="orders must be one of 'contiguous', 'balanced', got 'zigzag'"):
         order_assignment(9, 9, 3, "zigzag")
 
 
@@ -114,7 +114,7 @@ def test_compositions_refuse_mixed_layouts(grid):
     assert (DistributedInverseRealSHT(grid, 17, 32, orders="balanced") @ laplacian @ balanced) is not None
     if [a.tolist() for a in order_assignment(balanced.mmax, balanced.lmax, grid.nazimuth, "balanced")] != \
             [a.tolist() for a in order_assignment(balanced.mmax, balanced.lmax, grid.nazimuth)]:
-        with pytest.raises(ValueError, match="blocks hold different entries"):
+        with raises(ValueError, match="blocks hold different entries"):
             contiguous @ balanced
     else:  # one azimuth rank: both layouts hold the same orders, so they compose
         assert (contiguous @ balanced) is not None
@@ -126,7 +126,7 @@ def test_ranks_that_disagree_on_the_layout_raise_everywhere(grid):
         pytest.skip("needs two ranks to disagree")
     layout = "balanced" if grid.rank == grid.size - 1 else "contiguous"
     sht = DistributedRealSHT(grid, 17, 32, orders=layout)
-    with pytest.raises(ValueError, match="disagree"):
+    with raises(ValueError, match="disagree"):
         sht.forward(numpy.zeros(sht.tile_shape))
 
 
@@ -145,7 +145,7 @@ def test_shallow_water_model_is_the_same_in_both_layouts(grid):
 
 @pytest.mark.mpi
 def test_layout_keyword_is_checked(grid):
-    with pytest.raises(ValueError, match="DistributedRealSHT: orders must be one of"):
+    with raises(ValueError, match="DistributedRealSHT: orders must be one of"):
         DistributedRealSHT(grid, 17, 32, orders="zig-zag")
 
 

@@ -8,7 +8,7 @@ from mpisphere import (DISTRIBUTED, CopyTo, DistributedRealSHT, HaloExchange, Id
                        aslinearoperator, asmpilinearoperator)
 from mpisphere.pylops_bridge import from_distributed, to_distributed
 
-from helpers import random_array, rank_rng
+from helpers import raises, random_array, rank_rng
 
 pytestmark = pytest.mark.mpi
 
@@ -58,7 +58,7 @@ def test_pylops_cg_solves_with_a_distributed_transform_as_one_rank_does(grid):
 
 
 def test_replicated_layouts_are_refused(grid):
-    with pytest.raises(ValueError, match="CopyTo's domain is replicated"):
+    with raises(ValueError, match="CopyTo's domain is replicated"):
         asmpilinearoperator(CopyTo(grid.cart), lead=(3,))
     halo = HaloExchange(grid, 1, 1, extents=(12, 24))
     assert asmpilinearoperator(halo).shape[1] == grid.cart.allreduce(halo.domain_shape(())[0] *

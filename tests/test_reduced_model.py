@@ -9,6 +9,8 @@ from mpisphere.examples import ShallowWaterSolver
 
 from test_tangent_linear import scaled, unit_perturbation
 
+from helpers import raises
+
 pytestmark = pytest.mark.mpi
 
 
@@ -20,6 +22,7 @@ def case2_error(solver, hours):
     return float(solver.integrate_grid((phi - exact) ** 2) ** 0.5 / solver.integrate_grid(exact ** 2) ** 0.5)
 
 
+@pytest.mark.long_run
 def test_williamson2_on_octahedral_grids_as_on_the_regular_gaussian_grid(grid):
     """O24 and O32 against the regular 2n x 4n Gaussian grids at the same (cubic) truncation, 12 hours: the errors
     agree within 2x and fall with resolution (measured at 24 hours: O24 1.5e-10, O48 5.5e-13, O96 1.5e-14, each
@@ -59,7 +62,7 @@ def test_restart_on_rings_continues_bit_for_bit(grid, tmp_path, comm):
     loaded, again = swe.load(path)
     assert numpy.array_equal(swe.timestep(loaded, 2, again), straight)
     other = ShallowWaterSolver(grid, RingGeometry.octahedral(12), None, 600.0)
-    with pytest.raises(ValueError, match="rings"):
+    with raises(ValueError, match="rings"):
         other.load(path)
     # an orography of one's own is stored as a points variable and compared on load
     rings = RingGeometry.octahedral(10)
@@ -69,13 +72,13 @@ def test_restart_on_rings_continues_bit_for_bit(grid, tmp_path, comm):
     loaded, _ = mountains.load(path)
     assert numpy.array_equal(loaded, state)
     flatter = ShallowWaterSolver(grid, rings, None, 600.0, orography=0.5 * heights)
-    with pytest.raises(ValueError, match="orography differs"):
+    with raises(ValueError, match="orography differs"):
         flatter.load(path)
 
 
 def test_what_a_model_on_rings_refuses(grid):
     rings = RingGeometry.octahedral(8)
-    with pytest.raises(ValueError, match="nlon=None"):
+    with raises(ValueError, match="nlon=None"):
         ShallowWaterSolver(grid, rings, 32, 600.0)
-    with pytest.raises(ValueError, match="orography must be"):
+    with raises(ValueError, match="orography must be"):
         ShallowWaterSolver(grid, rings, None, 600.0, orography=numpy.zeros(10))

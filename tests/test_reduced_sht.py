@@ -18,6 +18,8 @@ from mpisphere import (DistributedInverseReducedRealSHT, DistributedInverseReduc
                        DistributedReducedRealSHT, DistributedReducedRealVectorSHT, RingGeometry, RingTiles, dottest)
 from mpisphere.rings import balanced_ring_split
 
+from helpers import raises
+
 pytestmark = pytest.mark.mpi
 
 ducc0 = pytest.importorskip("ducc0")
@@ -90,14 +92,14 @@ def test_balanced_ring_split_balances_points_not_rings():
         points = numpy.add.reduceat(rings.nlon, numpy.cumsum([0] + counts[:-1]))
         # each run within one ring's points (the longest) of the even share
         assert abs(points - rings.npoints / parts).max() <= rings.nlon.max()
-    with pytest.raises(ValueError, match="cannot split 3 rings into 4"):
+    with raises(ValueError, match="cannot split 3 rings into 4"):
         balanced_ring_split([20, 24, 20], 4)
 
 
 def test_geometry_refuses_bad_rings():
-    with pytest.raises(ValueError, match="theta has 2 entries for 3 rings"):
+    with raises(ValueError, match="theta has 2 entries for 3 rings"):
         RingGeometry([4, 4, 4], [0.5, 1.0], [1, 1, 1])
-    with pytest.raises(ValueError, match="increase"):
+    with raises(ValueError, match="increase"):
         RingGeometry([4, 4], [1.0, 0.5], [1, 1])
     assert RingGeometry.octahedral(8) == RingGeometry.octahedral(8) != RingGeometry.octahedral(9)
 
@@ -125,7 +127,7 @@ def test_a_wrong_number_of_points_raises_on_every_rank(grid):
     rings = RingGeometry.octahedral(8)
     sht = DistributedReducedRealSHT(grid, rings)
     points = numpy.zeros(sht.tiles.npoints + (grid.rank == grid.size - 1))
-    with pytest.raises(ValueError, match="DistributedReducedRealSHT"):
+    with raises(ValueError, match="DistributedReducedRealSHT"):
         sht.forward(points)
 
 
@@ -137,7 +139,7 @@ def test_ranks_with_different_rings_of_one_shape_raise_on_every_rank(grid):
     if shifted:  # same counts, another first longitude: only the description tells them apart
         rings = RingGeometry(rings.nlon, rings.theta, rings.weights, phi0=numpy.full(rings.nrings, 0.1), lmax=8)
     sht = DistributedReducedRealSHT(grid, rings)
-    with pytest.raises(ValueError, match="RingGeometry"):
+    with raises(ValueError, match="RingGeometry"):
         sht.forward(numpy.zeros(sht.tiles.npoints))
 
 
@@ -333,7 +335,7 @@ def test_point_interpolation_on_rings(grid):
     x = rng.standard_normal((2, tiles.npoints))
     y = op.forward(x)
     assert dottest(op, x, y + 0.1) <= 1e-13
-    with pytest.raises(ValueError, match="poleward"):
+    with raises(ValueError, match="poleward"):
         mpisphere.PointInterpolation(grid, rings, None, [1.56], [0.0])
 
 

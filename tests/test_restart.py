@@ -18,7 +18,7 @@ from mpisphere.testing import mpiexec_command
 
 pytest.importorskip("zarr")  # the io extra (Python 3.11 and newer)
 
-from helpers import sub_grids  # noqa: E402
+from helpers import raises, sub_grids  # noqa: E402
 
 NLAT, NLON, DT = 32, 64, 400.0
 
@@ -79,7 +79,7 @@ def test_a_semi_implicit_run_restarts_bit_identically(grid, tmp_path):
     # a history of the other scheme on the last rank only: every rank raises, nothing is written
     wrong = AdamsBashforthHistory() if grid.rank == grid.size - 1 else history
     other = os.path.join(shared, "not-written")
-    with pytest.raises(TypeError, match=f"of {grid.size}: history must be a LeapfrogHistory for the "
+    with raises(TypeError, match=f"of {grid.size}: history must be a LeapfrogHistory for the "
                                          "semi-implicit scheme"):
         swe.save(other, half, wrong)
     assert not os.path.exists(other)
@@ -92,9 +92,9 @@ def test_a_checkpoint_of_another_model_is_refused_on_every_rank(grid, tmp_path):
     path = os.path.join(shared, "checkpoint")
     swe.save(path, swe.galewsky_initial_condition())
     other = ShallowWaterSolver(grid, NLAT, NLON, dt=300.0, quadrature="legendre-gauss")
-    with pytest.raises(ValueError, match=f"of {grid.size}\\): dt 400.0 in the checkpoint, 300.0 here"):
+    with raises(ValueError, match=f"of {grid.size}\\): dt 400.0 in the checkpoint, 300.0 here"):
         other.load(path)
-    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+    with raises(FileNotFoundError, match="no checkpoint"):
         swe.load(os.path.join(shared, "nowhere"))
 
 
@@ -110,7 +110,7 @@ def test_a_damaged_checkpoint_raises_on_every_rank(grid, tmp_path):
         data[len(data) // 2] ^= 1
         open(chunk, "wb").write(bytes(data))
     grid.cart.Barrier()
-    with pytest.raises(ValueError, match=f"of {grid.size}: cannot read 'state'.*checksum"):
+    with raises(ValueError, match=f"of {grid.size}: cannot read 'state'.*checksum"):
         swe.load(path)
 
 

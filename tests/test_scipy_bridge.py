@@ -7,6 +7,8 @@ from mpi4py import MPI
 from mpisphere import (DistributedInverseRealSHT, DistributedRealSHT, DistributedRealVectorSHT, HaloExchange,
                        ProcessGrid, Transpose, aslinearoperator)
 
+from helpers import raises
+
 pytestmark = pytest.mark.mpi
 
 sparse_linalg = pytest.importorskip("scipy.sparse.linalg")
@@ -59,7 +61,7 @@ def test_many_ranks_are_refused_on_every_rank(grid):
     if grid.size == 1:
         assert aslinearoperator(op, lead=(1, 1)).shape == (1, 1)
         return
-    with pytest.raises(ValueError, match=f"Transpose spans {grid.size} ranks; a SciPy operator runs on one rank"):
+    with raises(ValueError, match=f"Transpose spans {grid.size} ranks; a SciPy operator runs on one rank"):
         aslinearoperator(op, lead=(grid.size, 1))
-    with pytest.raises(TypeError, match="expected a mpisphere LinearOperator, got ndarray"):
+    with raises(TypeError, match="expected a mpisphere LinearOperator, got ndarray"):
         aslinearoperator(numpy.eye(2))

@@ -13,7 +13,7 @@ from mpisphere import DistributedInverseRealSHT, DistributedRealSHT, ProcessGrid
 from mpisphere.partition import chunk_slice
 from mpisphere.quadrature import latitudes
 
-from helpers import block, quoted, random_array, rank_rng, tile
+from helpers import block, every_rank, raises, random_array, rank_rng, tile, whole_message
 
 pytestmark = pytest.mark.mpi
 
@@ -340,64 +340,74 @@ def test_tables_hold_only_this_ranks_orders(grid):
 # --- bad input -------------------------------------------------------------------------------
 
 def test_truncate_sht_rejects_non_positive_requests():
-    with pytest.raises(ValueError, match="truncate_sht: lmax must be a positive integer or None, got 0"):
+    with raises(ValueError, match="truncate_sht: lmax must be a positive integer or None, got 0"):
         mpisphere.truncate_sht(17, 32, lmax=0)
-    with pytest.raises(ValueError, match="mmax must be a positive integer or None, got 2.5"):
+    with raises(ValueError, match="mmax must be a positive integer or None, got 2.5"):
         mpisphere.truncate_sht(17, 32, mmax=2.5)
-    with pytest.raises(ValueError, match="quadrature must be one of .*got 'gaussian'"):
+    with raises(ValueError, match="quadrature must be one of .*got 'gaussian'"):
         mpisphere.truncate_sht(17, 32, quadrature="gaussian")
 
 
 def test_tile_of_the_wrong_shape(grid):
     sht = DistributedRealSHT(grid, 17, 32)
     h, w = sht.tile_shape
-    with pytest.raises(ValueError, match=r"^DistributedRealSHT.forward: rank 0 of") as caught:
+    with raises(ValueError, match=r"^DistributedRealSHT.forward: ranks? 0.*: the input's last 2 axes are not "
+                                         r"this rank's tile") as caught:
         sht.forward(numpy.zeros((2, h + 1, w)))
-    mine = rf"expected a tile of \({h}, {w}\) .* got shape \(2, {h + 1}, {w}\)"
-    assert re.search(quoted(mine, grid.rank, grid.size), str(caught.value))
+    mine = rf"  rank {grid.rank} \(.*\): expected \({h}, {w}\) in the last 2 axes, got shape \(2, {h + 1}, {w}\)"
+    assert re.search(mine, whole_message(caught.value)), whole_message(caught.value)
+    assert "fix: pass this rank's tile (grid.local_shape(17, 32))" in whole_message(caught.value)
+    if grid.size > 1:  # the whole field where a tile belongs: the cause and the fix come first, the ranks after
+        with raises(ValueError) as caught:
+            sht.forward(numpy.zeros((3, 17, 32)))
+        text = whole_message(caught.value)
+        assert text.startswith(f"DistributedRealSHT.forward: {every_rank(grid.size)}: got the whole "
+                               "field (17, 32) where this rank's tile belongs\n  fix: give each rank its own part: "
+                               "grid.scatter(field), of shape (..., *grid.local_shape(17, 32))\n  rank 0 ("), text
+        assert (str(caught.value) == text) == (grid.rank == 0), str(caught.value)  # printed once, by rank 0
     isht = DistributedInverseRealSHT(grid, 17, 32)
-    with pytest.raises(ValueError, match="expected a coefficient block of"):
+    with raises(ValueError, match="not this rank's coefficient block"):
         isht.forward(numpy.zeros((2, 1, 1), complex))
 
 
 def test_real_input_to_the_inverse(grid):
     isht = DistributedInverseRealSHT(grid, 17, 32)
-    with pytest.raises(TypeError, match=r"expected complex coefficients of dtype complex128, got float64 "
+    with raises(TypeError, match=r"expected complex coefficients of dtype complex128, got float64 "
                                         r"\(real input to a transform that takes coefficients\?\)"):
         isht.forward(numpy.zeros(isht.block_shape))
     sht = DistributedRealSHT(grid, 17, 32)
-    with pytest.raises(TypeError, match=r"complex input to a transform that takes fields"):
+    with raises(TypeError, match=r"complex input to a transform that takes fields"):
         sht.forward(numpy.zeros(sht.tile_shape, complex))
-    with pytest.raises(TypeError, match="expected real fields of dtype float64, got float32"):
+    with raises(TypeError, match="expected real fields of dtype float64, got float32"):
         sht.forward(numpy.zeros(sht.tile_shape, numpy.float32))
 
 
 @pytest.mark.mpi(min_size=2)
 def test_grid_finer_than_lmax(grid):
     if grid.npolar > 1:
-        with pytest.raises(ValueError, match=rf"grid is finer than the transform: {grid.npolar} polar ranks cannot "
+        with raises(ValueError, match=rf"grid is finer than the transform: {grid.npolar} polar ranks cannot "
                                              rf"split lmax={grid.npolar - 1}"):
             DistributedRealSHT(grid, 17, 32, lmax=grid.npolar - 1)
     if grid.nazimuth > 1:
         # triangular truncation makes lmax = mmax = 1: too few for either axis of ranks
-        with pytest.raises(ValueError, match=rf"{grid.npolar if grid.npolar > 1 else grid.nazimuth} "
+        with raises(ValueError, match=rf"{grid.npolar if grid.npolar > 1 else grid.nazimuth} "
                                              rf"{'polar' if grid.npolar > 1 else 'azimuth'} ranks cannot split "
                                              rf"{'lmax' if grid.npolar > 1 else 'mmax'}=1"):
             DistributedInverseRealSHT(grid, 17, 32, mmax=1)
 
 
 def test_bad_parameters(grid):
-    with pytest.raises(ValueError, match="DistributedRealSHT: quadrature must be one of .*got 'gaussian'"):
+    with raises(ValueError, match="DistributedRealSHT: quadrature must be one of .*got 'gaussian'"):
         DistributedRealSHT(grid, 17, 32, quadrature="gaussian")
     assert DistributedRealSHT(grid, 17, 32, quadrature="gauss").lmax == 17
     assert DistributedRealSHT(grid, 17, 32, quadrature="legendre-gauss-lobatto").lmax == 16  # aliases too
-    with pytest.raises(ValueError, match="norm must be one of .*got 'unit'"):
+    with raises(ValueError, match="norm must be one of .*got 'unit'"):
         DistributedRealSHT(grid, 17, 32, norm="unit")
-    with pytest.raises(TypeError, match="dtype: unsupported dtype complex128; expected float32 or float64"):
+    with raises(TypeError, match="dtype: unsupported dtype complex128; expected float32 or float64"):
         DistributedRealSHT(grid, 17, 32, dtype=numpy.complex128)
-    with pytest.raises(ValueError, match="lmax must be positive"):
+    with raises(ValueError, match="lmax must be positive"):
         DistributedRealSHT(grid, 17, 32, lmax=0)
-    with pytest.raises(ValueError, match="contraction must be one of .* got 'fast'"):
+    with raises(ValueError, match="contraction must be one of .* got 'fast'"):
         DistributedRealSHT(grid, 17, 32, contraction="fast")
 
 
@@ -407,25 +417,25 @@ def test_different_batches_raise_on_every_rank(grid, debug):
     sht = DistributedRealSHT(grid, 17, 32)
     x = numpy.zeros((2 + (grid.rank == 1),) + sht.tile_shape)
     with config.override(debug=debug):
-        with pytest.raises(ValueError, match=r"rank 1 has: .*shape \(3, '\*', '\*'\)"):
+        with raises(ValueError, match=r"rank 1 has: .*shape \(3, '\*', '\*'\)"):
             sht.forward(x)
 
 
 def test_torch_harmonics_spelling_gets_a_type_error_that_teaches(grid):
-    with pytest.raises(TypeError, match=r"DistributedRealSHT: the first argument is the ProcessGrid .* pass the "
+    with raises(TypeError, match=r"DistributedRealSHT: the first argument is the ProcessGrid .* pass the "
                                         r"quadrature as quadrature='legendre-gauss' "
                                         r"\(torch-harmonics calls it grid=\)"):
         DistributedRealSHT(64, 128, grid="legendre-gauss")
-    with pytest.raises(TypeError, match=r"DistributedInverseRealSHT: the first argument is the ProcessGrid"):
+    with raises(TypeError, match=r"DistributedInverseRealSHT: the first argument is the ProcessGrid"):
         DistributedInverseRealSHT(64, 128)
-    with pytest.raises(TypeError, match=r"DistributedRealSHT: grid must be a ProcessGrid, got GridComm \(a "
+    with raises(TypeError, match=r"DistributedRealSHT: grid must be a ProcessGrid, got GridComm \(a "
                                         r"communicator: build a ProcessGrid\(comm\) and pass it\)"):
         DistributedRealSHT(grid.cart, 17, 32)
 
 
 @pytest.mark.parametrize("quadrature", ["equiangular", "lobatto"])
 def test_one_latitude_is_too_few_for_rules_with_poles(grid, quadrature):
-    with pytest.raises(ValueError, match=rf"DistributedRealSHT: the {quadrature} rule needs at least 2 latitudes, "
+    with raises(ValueError, match=rf"DistributedRealSHT: the {quadrature} rule needs at least 2 latitudes, "
                                          r"got nlat=1"):
         DistributedRealSHT(grid, 1, 32, quadrature=quadrature)
 
@@ -437,7 +447,7 @@ def test_out_may_not_overlap_the_input_even_with_a_padded_batch(grid):
     big = numpy.zeros(x.size * 4 + 64)
     view = big[:2 * math.prod(sht.block_shape)].view(complex).reshape((1,) + sht.block_shape)
     alias = big[:x.size].reshape(x.shape)  # x written in the same memory as out
-    with pytest.raises(ValueError, match="out overlaps the input"):
+    with raises(ValueError, match="out overlaps the input"):
         sht.forward(alias, out=view)
     apart = big[-2 * math.prod(sht.block_shape):].view(complex).reshape((1,) + sht.block_shape)
     assert sht.forward(alias, out=apart) is apart  # the same buffer, disjoint elements: fine
@@ -476,7 +486,7 @@ def test_fft_libraries_agree_and_keep_the_adjoint(grid, cls, nlon, mmax):
 
 
 def test_fft_keyword_is_checked(grid):
-    with pytest.raises(ValueError, match="DistributedRealSHT: fft must be one of 'auto', 'numpy', 'ducc0'"):
+    with raises(ValueError, match="DistributedRealSHT: fft must be one of 'auto', 'numpy', 'ducc0'"):
         DistributedRealSHT(grid, 17, 32, fft="fftw")
 
 
@@ -516,6 +526,6 @@ def test_fft_without_ducc0(grid, monkeypatch):
     monkeypatch.setitem(sys.modules, "ducc0", None)
     monkeypatch.setitem(sys.modules, "ducc0.fft", None)
     message = r"DistributedRealSHT: fft='ducc0' needs ducc0: pip install '\.\[ducc0\]' in the mpisphere clone"
-    with pytest.raises(ImportError, match=message):
+    with raises(ImportError, match=message):
         DistributedRealSHT(grid, 17, 32, fft="ducc0")
     assert DistributedRealSHT(grid, 17, 32).fft == "numpy"

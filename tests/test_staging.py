@@ -12,7 +12,7 @@ from mpisphere import collectives, config, cuda_aware, dottest
 from mpisphere.backend import Workspace
 
 from catalogue import operators
-from helpers import random_array, rank_rng
+from helpers import raises, random_array, rank_rng
 
 pytestmark = pytest.mark.mpi
 
@@ -165,9 +165,9 @@ def test_one_rank_saying_no_makes_every_rank_stage(comm):
 
 def test_buffers_whose_size_or_dtype_cannot_be_read(comm):
     send, recv = DLPackOnly(numpy.ones(2)), DLPackOnly(numpy.zeros(2))
-    with pytest.raises(TypeError, match="mpisphere: cannot tell the dtype of DLPackOnly; pass dtype="):
+    with raises(TypeError, match="mpisphere: cannot tell the dtype of DLPackOnly; pass dtype="):
         collectives.allreduce(comm, send, recv, count=2)
-    with pytest.raises(TypeError, match="mpisphere: cannot tell the element count of DLPackOnly; pass count="):
+    with raises(TypeError, match="mpisphere: cannot tell the element count of DLPackOnly; pass count="):
         collectives.allreduce(comm, send, recv, dtype=numpy.float64)
-    with pytest.raises(TypeError, match="mpisphere: float16 is summed in float32"):
+    with raises(TypeError, match="mpisphere: float16 is summed in float32"):
         collectives.allreduce(comm, numpy.ones(2, numpy.float16), numpy.zeros(2, numpy.float16))

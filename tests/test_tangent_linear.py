@@ -18,6 +18,8 @@ from mpi4py import MPI
 from mpisphere import DISTRIBUTED, Diagonal, Layout, LinearOperator, ProcessGrid, dottest
 from mpisphere.examples import ShallowWaterSolver
 
+from helpers import raises
+
 pytestmark = pytest.mark.mpi
 
 NLAT, NLON, DT = 32, 64, 600.0
@@ -145,7 +147,7 @@ def test_batches_and_bad_input(grid):
         numpy.testing.assert_allclose(both[0, field], single[field], rtol=0, atol=1e-12 * largest)
         numpy.testing.assert_allclose(both[1, field], 2 * single[field], rtol=0, atol=1e-12 * largest)
     assert model.nbytes() == 3 * 4 * 8 * math.prod(swe.sht.tile_shape)
-    with pytest.raises(ValueError, match=r"TangentLinearModel.forward: .*expected this rank's block"):
+    with raises(ValueError, match=r"TangentLinearModel.forward: .*expected this rank's block"):
         model.forward(du[:2])
 
 

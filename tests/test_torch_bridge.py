@@ -25,7 +25,7 @@ from mpisphere import (CopyTo, DistributedInverseRealSHT, DistributedInverseReal
                        DistributedRealVectorSHT, GatherFromCopyTo, HaloExchange, HaloReduce, ProcessGrid, ReduceFrom,
                        ReduceScatter, ScatterTo, Transpose)
 
-from helpers import rank_rng
+from helpers import raises, rank_rng
 
 REQUIRED = os.environ.get("MPISPHERE_REQUIRE_TORCH") == "1"
 if REQUIRED:
@@ -182,9 +182,9 @@ def test_tensors_reach_the_operators_without_copies(grid):
     # a lazily conjugated view is resolved (a copy) so the operator sees the conjugated values
     w = torch.tensor([1 + 2j]).conj()
     assert mt.as_array(w)[0] == 1 - 2j
-    with pytest.raises(TypeError, match="expected a torch.Tensor"):
+    with raises(TypeError, match="expected a torch.Tensor"):
         mt.apply(DistributedRealSHT(grid, 6, 8), numpy.zeros((1, 1)))
-    with pytest.raises(TypeError, match="tensors on meta are not supported"):
+    with raises(TypeError, match="tensors on meta are not supported"):
         mt.as_array(torch.empty(2, device="meta"))
 
 
@@ -192,7 +192,7 @@ def test_tensors_reach_the_operators_without_copies(grid):
 def test_a_shape_mistake_on_one_rank_raises_on_every_rank(grid):
     sht = DistributedRealSHT(grid, 8, 12)
     shape = sht.tile_shape if grid.rank != grid.size - 1 else (sht.tile_shape[0] + 1, sht.tile_shape[1])
-    with pytest.raises(ValueError):
+    with raises(ValueError):
         mt.apply(sht, torch.zeros(shape, dtype=torch.float64))
 
 
@@ -202,7 +202,7 @@ def test_a_non_tensor_on_the_last_rank_raises_on_every_rank(grid):
     sht = DistributedRealSHT(grid, 12, 24)
     x = torch.zeros(sht.domain_shape((2,)), dtype=torch.float64)
     given = x.tolist() if grid.rank == grid.size - 1 else x
-    with pytest.raises(TypeError, match=rf"^DistributedRealSHT.forward: rank {grid.size - 1} of {grid.size}: expected "
+    with raises(TypeError, match=rf"^DistributedRealSHT.forward: rank {grid.size - 1} of {grid.size}: expected "
                                         r"a torch.Tensor, got list$"):
         mt.apply(sht, given)
     assert mt.apply(sht, x).shape == sht.range_shape((2,))  # the ranks are in step afterwards

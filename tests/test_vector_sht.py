@@ -1,6 +1,7 @@
 """Distributed vector SHT: against torch-harmonics' formulas, closed forms, round trips, adjoints."""
 
 import math
+import re
 
 import numpy
 import pytest
@@ -10,7 +11,7 @@ import mpisphere
 from mpisphere import DistributedInverseRealVectorSHT, DistributedRealVectorSHT, ProcessGrid, dottest
 from mpisphere.quadrature import latitudes
 
-from helpers import block, random_array, tile
+from helpers import block, raises, random_array, tile, whole_message
 
 pytestmark = pytest.mark.mpi
 
@@ -137,8 +138,9 @@ def test_a_single_vector_field_on_many_ranks_keeps_its_components_together(grid,
 
 def test_vector_input_checks(grid):
     vsht = DistributedRealVectorSHT(grid, 13, 24)
-    with pytest.raises(ValueError, match=r"expected a tile of \(2, \d+, \d+\) \(2 components first\)"):
+    with raises(ValueError) as caught:
         vsht.forward(numpy.zeros((3,) + vsht.tile_shape))
+    assert re.search(r"expected \(2, \d+, \d+\) \(2 components first\)", whole_message(caught.value))
     # one signature for the four transforms: the quadrature may come by position, as torch-harmonics takes it
     assert DistributedRealVectorSHT(grid, 13, 24, None, None, "legendre-gauss").quadrature == "legendre-gauss"
 

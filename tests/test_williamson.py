@@ -19,6 +19,8 @@ from mpisphere.examples import AdamsBashforthHistory, LeapfrogHistory, ShallowWa
 
 from test_tangent_linear import field_scales, scaled, scaled_norm, unit_perturbation
 
+from helpers import raises
+
 pytestmark = pytest.mark.mpi
 
 DAY = 86400.0
@@ -75,12 +77,12 @@ def test_the_semi_implicit_scheme_continues_across_calls_and_orography_needs_a_t
     numpy.testing.assert_array_equal(split, swe.timestep(u, 7))
     assert history.step == 7
     wrong = AdamsBashforthHistory() if grid.rank == grid.size - 1 else LeapfrogHistory()
-    with pytest.raises(TypeError, match=f"of {grid.size}: history must be a LeapfrogHistory for the "
+    with raises(TypeError, match=f"of {grid.size}: history must be a LeapfrogHistory for the "
                                          "semi-implicit scheme"):
         swe.timestep(u, 1, wrong)  # a wrong kind on the last rank raises on every rank
-    with pytest.raises(ValueError, match=f"of {grid.size}: orography must be None, 'williamson5' or this rank's"):
+    with raises(ValueError, match=f"of {grid.size}: orography must be None, 'williamson5' or this rank's"):
         ShallowWaterSolver(grid, 32, 64, dt=600.0, orography=numpy.zeros((3, 3)))
-    with pytest.raises(ValueError, match="scheme must be 'explicit' or 'semi-implicit'"):
+    with raises(ValueError, match="scheme must be 'explicit' or 'semi-implicit'"):
         ShallowWaterSolver(grid, 32, 64, dt=600.0, scheme="leapfrog")
 
 
@@ -97,6 +99,7 @@ def wave4_shift(swe, before, after):
     return swe.grid.cart.bcast(shift, root=0)
 
 
+@pytest.mark.long_run
 @pytest.mark.parametrize("scheme, dt", [("explicit", 240.0), ("semi-implicit", 1200.0)])
 def test_case_6_moves_east_at_the_rossby_haurwitz_speed(grid, scheme, dt):
     """One day at T42: the pattern moves 11.5 degrees; the non-divergent analytic speed is 12.2 a day.
@@ -115,6 +118,7 @@ def test_case_6_moves_east_at_the_rossby_haurwitz_speed(grid, scheme, dt):
     assert abs(moved - analytic) <= 0.1 * analytic, f"moved {moved:.2f} degrees in a day, analytic {analytic:.2f}"
 
 
+@pytest.mark.long_run
 @pytest.mark.parametrize("scheme, dt, energy_bound", [("explicit", 240.0, 1e-6), ("semi-implicit", 1800.0, 3e-6)])
 def test_case_5_keeps_its_mass_and_energy(grid, scheme, dt, energy_bound):
     """One day at T42 over the mountain: mass to rounding, energy within the dissipation's drift.

@@ -41,25 +41,55 @@ _KINDS = {"TypeError": TypeError, "RuntimeError": RuntimeError, "MemoryError": M
           "PermissionError": PermissionError, "ImportError": ImportError, "FloatingPointError": FloatingPointError}
 
 
-def as_exception(who, errors):
+def as_exception(who, errors, rank=None):
     """One exception from ``(rank, size, kind name, text)`` findings (the same on every rank).
 
     Ranks with the same finding are named together (``ranks 0-5 of 6: ...``);
     the first four different findings are quoted. The class is the findings'
     own when they share one (TypeError, RuntimeError, MemoryError, OSError
-    and its file errors, ImportError), else ValueError.
+    and its file errors, ImportError), else ValueError. A finding's text is
+    its cause on the first line (ranks are grouped by it), then lines that
+    say what to do and the details (each different line shown once). Given
+    this process's ``rank``, the message is printed once: in full by the
+    first rank with a finding, in one line naming it by the others (see
+    :func:`printed_once`).
     """
     kinds = {kind for _, _, kind, _ in errors}
     cls = _KINDS.get(next(iter(kinds)), ValueError) if len(kinds) == 1 else ValueError
     size = errors[0][1]
     groups = {}
+    after = []  # the lines after the causes (what to do, then each rank's details), each different line once
     for r, _, _, text in errors:
-        groups.setdefault(text, []).append(r)
+        cause, *tail = text.split("\n")
+        groups.setdefault(cause, []).append(r)
+        after += [line for line in tail if line not in after]
     items = list(groups.items())
-    shown = " | ".join(f"{_ranks(ranks)} of {size}: {text}" for text, ranks in items[:4])
+    shown = " | ".join(f"{_ranks(ranks)} of {size}: {cause}" for cause, ranks in items[:4])
     rest = sum(len(ranks) for _, ranks in items[4:])
     more = f" | and {rest} more rank{'s' if rest > 1 else ''}" if rest else ""
-    return agreed(cls(f"{who}: {shown}{more}"))
+    if len(after) > 12:
+        after = after[:11] + [f"  ... and {len(after) - 11} more lines"]
+    message = f"{who}: {shown}{more}" + "".join(f"\n{line}" for line in after)
+    reporter = min(r for r, _, _, _ in errors)
+    return printed_once(cls(message), who, rank, reporter, f"{_ranks(items[0][1])} of {size}: {items[0][0]}")
+
+
+def printed_once(exc, who, rank, reporter, cause):
+    """``exc`` as raised on ``rank``: its whole message on ``reporter``, one line naming ``reporter`` elsewhere.
+
+    Under ``mpiexec`` every rank's traceback reaches the terminal; the whole
+    message (often several hundred characters, the same on every rank) is
+    printed once. Every rank keeps it as ``exc.mpisphere_message``, and
+    ``exc.mpisphere_reporter`` names the rank that prints it. ``rank=None``
+    (one process, or a caller that prints nothing) keeps the whole message.
+    """
+    exc.mpisphere_message = str(exc)
+    exc.mpisphere_reporter = reporter
+    if rank is not None and rank != reporter:
+        line = " ".join(cause.split())
+        line = line if len(line) <= 160 else line[:157] + "..."
+        exc.args = (f"{who}: {line} [the whole message: rank {reporter}'s error]",)
+    return agreed(exc)
 
 
 def agreed(exc):
@@ -70,6 +100,29 @@ def agreed(exc):
     """
     exc.mpisphere_agreed = True
     return exc
+
+
+def disagreement(who, size, mismatch, problems, rank, odd=None):
+    """The ValueError of ranks whose descriptions differ, printed in full by rank 0 (:func:`printed_once`).
+
+    ``odd`` names the ranks that differ from the largest group, for the one
+    line the other ranks print.
+    """
+    exc = ValueError(f"{who}: the {size} ranks {mismatch}: {problems}")
+    cause = f"the {size} ranks {mismatch}" + (f" ({odd} differ{'s' if odd.startswith('rank ') else ''})" if odd else "")
+    return printed_once(exc, who, rank, 0, cause)
+
+
+def odd_ones(texts, ranks=None):
+    """The ranks outside the largest group of equal ``texts`` (``"rank 3"``, ``"ranks 1, 3"``), or ``None``."""
+    ranks = list(range(len(texts))) if ranks is None else ranks
+    groups = {}
+    for r, text in zip(ranks, texts):
+        groups.setdefault(text, []).append(r)
+    if len(groups) < 2:
+        return None
+    largest = max(groups.values(), key=lambda rs: (len(rs), -rs[0]))
+    return _ranks(sorted(r for r in ranks if r not in largest))
 
 
 # --- over a communicator -------------------------------------------------------------------------------
@@ -130,7 +183,7 @@ def agree(comm, who, error, description, spec=None, signature=""):
     device = spec is not None and spec.device
     if size == 1 or not config.agreement:
         if error is not None:
-            raise as_exception(who, [(comm.Get_rank(), size, error.kind.__name__, error.text)])
+            raise as_exception(who, [(comm.Get_rank(), size, error.kind.__name__, error.text)], comm.Get_rank())
         return Context.local(spec)
     everything = digest(" | ".join(text for _, text in parts))
     code = digest(here)
@@ -151,8 +204,9 @@ def agree(comm, who, error, description, spec=None, signature=""):
                 for c, text in parts if c is not comm]))
     errors = [(r, size, e[0], e[1]) for r, (e, _, _) in enumerate(everyone) if e is not None]
     if errors:
-        raise as_exception(who, errors)
+        raise as_exception(who, errors, comm.Get_rank())
     problems = differences([d for _, d, _ in everyone])
+    odd = odd_ones([d for _, d, _ in everyone])
     if not problems:  # the ranks agree here: find the groups of a sub-communicator that do not
         for index in range(min(len(parts_of) for _, _, parts_of in everyone)):
             group_of = {}
@@ -164,12 +218,13 @@ def agree(comm, who, error, description, spec=None, signature=""):
                 found = differences([members[r] for r in sorted(members)], sorted(members))
                 if found:
                     problems = f"within {name} " + found
+                    odd = odd_ones([members[r] for r in sorted(members)], sorted(members))
                     break
             if problems:
                 break
     if not problems:  # debug mode compared everything and found it equal
         return context
-    raise agreed(ValueError(f"{who}: the {size} ranks disagree on what they are about to do: {problems}"))
+    raise disagreement(who, size, "disagree on what they are about to do", problems, comm.Get_rank(), odd)
 
 
 def _groups_disagree(comm, parts):
@@ -215,7 +270,7 @@ def settle(comm, who, error, description="", mismatch="disagree on what they are
     size = comm.Get_size()
     if size == 1:
         if error is not None:
-            raise as_exception(who, [(0, 1, error.kind.__name__, error.text)])
+            raise as_exception(who, [(0, 1, error.kind.__name__, error.text)], 0)
         return
     code = digest(description)
     # the layout of agree()'s flags: any agreement step meets any other (a rank that failed before a call and
@@ -229,8 +284,9 @@ def settle(comm, who, error, description="", mismatch="disagree on what they are
                                                    description, []))
     errors = [(r, size, e[0], e[1]) for r, (e, _, _) in enumerate(everyone) if e is not None]
     if errors:
-        raise as_exception(who, errors)
-    raise agreed(ValueError(f"{who}: the {size} ranks {mismatch}: {differences([d for _, d, _ in everyone])}"))
+        raise as_exception(who, errors, comm.Get_rank())
+    texts = [d for _, d, _ in everyone]
+    raise disagreement(who, size, mismatch, differences(texts), comm.Get_rank(), odd_ones(texts))
 
 
 def raise_everywhere(comm, who, error):

@@ -271,8 +271,14 @@ class HaloExchange(LinearOperator):
         what = "padded tile" if padded else "tile"
         if self.tile is not None and tile != self.tile:
             expected = (self.tile[0] + 2 * self.rows, self.tile[1] + 2 * self.cols) if padded else self.tile
-            raise InputError(f"expected a {what} of {expected} in the last two axes for this rank of a "
-                             f"{self.extents[0]} x {self.extents[1]} field, got {(H, W)}")
+            nlat, nlon = self.extents
+            cause = (f"got the whole {nlat} x {nlon} field where this rank's {what} belongs"
+                     if (H, W) == (nlat, nlon) and self.grid.size > 1 else
+                     f"the last two axes {(H, W)} are not this rank's {what} of the {nlat} x {nlon} field")
+            fix = (f"grid.scatter(field) gives each rank its tile, of grid.local_shape({nlat}, {nlon})"
+                   + (f" plus {2 * self.rows} rows and {2 * self.cols} columns of halo (HaloExchange.zeros gives "
+                      "one)" if padded else ""))
+            raise InputError(f"{cause}\n  fix: {fix}\n  rank {self.grid.rank}: expected {expected}, got {(H, W)}")
         if min(tile) < 1:
             raise InputError(f"a {what} of {(H, W)} holds no interior for halo {self.rows} x {self.cols}")
         message = self._width_error(tile[0], tile[1], f"this rank's tile is {tile}", f"this rank's tile is {tile}",
@@ -449,17 +455,25 @@ class HaloExchange(LinearOperator):
                 memory.await_acknowledgements(round_.published, sequence, who)
             if problems is None:
                 return
-            lines = [] if error is None else [f"this rank: {error.text}"]
+            after = []  # the findings' lines after their causes (what to do, details): at the end, each once
+
+            def cause(text):
+                first, *rest = text.split("\n")
+                after.extend(line for line in rest if line not in after)
+                return first
+
+            lines = [] if error is None else [f"this rank: {cause(error.text)}"]
             for (source, tag), found in problems:
-                line = f"{FROM[tag if tag in FROM else tag - RECORD]} neighbour rank {source}: {found}"
+                line = f"{FROM[tag if tag in FROM else tag - RECORD]} neighbour rank {source}: {cause(found)}"
                 if line not in lines:
                     lines.append(line)
             details = round_.details()
             shown = "" if not details else " [" + " | ".join(
-                [f"this rank: {text}"] + [f"rank {r}: {e if e else d}" for r, (e, d) in details.items()]) + "]"
+                [f"this rank: {cause(text)}"] + [f"rank {r}: {cause(e) if e else d}" for r, (e, d) in details.items()]
+            ) + "]"
             raise (error.kind if error is not None else ValueError)(
                 f"{who}: rank {g.rank} of {g.size} (polar {g.polar_rank}, azimuth {g.azimuth_rank}) cannot "
-                "exchange its halo: " + "; ".join(lines) + shown)
+                "exchange its halo: " + "; ".join(lines) + shown + "".join(f"\n{line}" for line in after))
 
         return round_, finish
 

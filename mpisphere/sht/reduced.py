@@ -74,6 +74,9 @@ class _OnRings(Transform):
     def _tile_shape(self):
         return (self.tiles.npoints,)
 
+    def _whole_shape(self):
+        return (self.rings.npoints,)
+
     def _own_latitudes(self):
         rings = self.tiles.local_rings
         return slice(int(rings[0]), int(rings[-1]) + 1)

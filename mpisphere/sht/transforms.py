@@ -348,13 +348,7 @@ class Transform(LinearOperator):
                     if side_in == "grid" and spec.dtype.kind == "c" else "; build the operator with the matching dtype")
             raise InputError(f"expected {what} of dtype {want.name}, got {spec.dtype.name}{hint}", TypeError)
         if len(spec.shape) < len(core) or spec.shape[len(spec.shape) - len(core):] != core:
-            g = self.grid
-            shape_name = ("coefficient block" if side_in != "grid" else "tile" if len(self.tile_shape) == 2 else
-                          "set of points")
-            comp = " (2 components first)" if self._components > 1 else ""
-            raise InputError(f"expected a {shape_name} of {core}{comp} in the last {len(core)} axes for grid rank "
-                             f"{g.rank} (polar {g.polar_rank}, azimuth {g.azimuth_rank}) of a {g.npolar} x "
-                             f"{g.nazimuth} grid, got shape {spec.shape}")
+            raise InputError(self._shape_refusal(side_in, core, spec.shape))
         if spec.device and not strategy(self.legendre).runs_on_device:
             how = (f"legendre='auto' chose it ({self.legendre_reason}); give the tables room with max_table_bytes= "
                    "or pass legendre='reduce-scatter'" if self._auto else
@@ -364,6 +358,32 @@ class Transform(LinearOperator):
         lead = spec.shape[:len(spec.shape) - len(core)]
         result = spec.but(shape=lead + self._core(side_out), dtype=self.dtype if side_out == "grid" else self.cdtype)
         return result, spec.describe(range(len(spec.shape) - len(core) + (self._components > 1), len(spec.shape)))
+
+    def _whole_shape(self):
+        """The grid side of the whole field, ``(nlat, nlon)``: what a rank passes by mistake for its tile."""
+        return (self.nlat, self.nlon)
+
+    def _shape_refusal(self, side_in, core, shape):
+        """The finding for an input whose trailing axes are not this rank's: the cause, what to do, the details."""
+        g = self.grid
+        comp = " (2 components first)" if self._components > 1 else ""
+        where = (f"  rank {g.rank} (polar {g.polar_rank}, azimuth {g.azimuth_rank} of a {g.npolar} x {g.nazimuth} "
+                 f"grid): expected {core}{comp} in the last {len(core)} axes, got shape {tuple(shape)}")
+        if side_in != "grid":
+            return (f"the input is not this rank's coefficient block\n  fix: pass the block this rank's forward "
+                    f"transform returns (transform.block_shape), or sht.scatter_coefficients(whole)\n{where}")
+        whole = self._whole_shape()
+        points = len(whole) == 1
+        if g.size > 1 and tuple(shape[len(shape) - len(whole):]) == whole:
+            return (f"got the whole field {whole} where this rank's {'points' if points else 'tile'} belong"
+                    f"{'' if points else 's'}\n  fix: give each rank its own part: "
+                    + ("tiles.scatter(field) (mpisphere.RingTiles), of (..., tiles.npoints)" if points else
+                       f"grid.scatter(field), of shape (..., *grid.local_shape({whole[0]}, {whole[1]}))")
+                    + f"\n{where}")
+        what = "set of points" if points else "tile"
+        return (f"the input's last {len(core)} axes are not this rank's {what}\n  fix: pass this rank's {what} "
+                + ("(RingTiles.npoints)" if points else f"(grid.local_shape({whole[0]}, {whole[1]}))")
+                + f" with any leading axes{comp}\n{where}")
 
     # --- running ------------------------------------------------------------------------------
 
