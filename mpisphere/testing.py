@@ -10,16 +10,16 @@ Then ``python -m pytest`` runs serial tests in-process and every test marked
 ``mpiexec`` at each rank count of ``--mpi-sizes``. A test that takes the
 ``grid`` fixture runs once per process-grid shape that fits the launch:
 
-====== =============
+====== ==================================================
 ranks  grids
-====== =============
+====== ==================================================
 1      1x1
 2      1x2, 2x1
 3      1x3, 3x1
 4      2x2
-6      2x3, 3x2
+6      2x3, 3x2 (one of the two per test unless ``--mpi-full``)
 other  MPI.Compute_dims
-====== =============
+====== ==================================================
 
 The ``comm`` fixture is ``MPI.COMM_WORLD``.
 
@@ -36,6 +36,9 @@ outer run (``python -m pytest``)
     the launch fails, and shows what the ranks printed; the report's first
     line names the tests that failed, the one running when the launch ended
     and those that never ran (rank 0 records them in a progress file).
+    The launches start one after another in the background while the
+    serial tests run (``--mpi-overlap``: with at least two cores by default),
+    each launch's item then waits for its launch and reports it.
     While a launch runs, a line every few seconds says which launch, how
     many of its tests are done and which one is running (``--mpi-progress``:
     on a terminal by default, ``always`` or ``never``). The launch's output
@@ -44,7 +47,10 @@ outer run (``python -m pytest``)
     A test marked ``long_run`` (a model run of many steps whose checks do
     not depend on the decomposition, because another test compares the
     model on every grid with one rank) runs only at the smallest rank count
-    above 1, on each of its grids, unless ``--mpi-full``. Where
+    above 1, on the last of its grids (2x1 at two ranks), unless
+    ``--mpi-full``. Outside the full matrix, a test on a rank count with two
+    grids that both split both axes (2x3 and 3x2 at six ranks) runs on one
+    of them, chosen by its name, so that each grid takes about half the tests. Where
     ``PYTHONDONTWRITEBYTECODE`` is set, the launches share one temporary
     bytecode cache (``PYTHONPYCACHEPREFIX``) instead of compiling every
     module again in every rank.
@@ -111,9 +117,9 @@ def add_options(parser):
                          f"{FULL_SIZES}; env MPISPHERE_TEST_SIZES)")
     group.addoption("--mpi-full", action="store_true",
                     default=os.environ.get("MPISPHERE_TEST_FULL", "") not in ("", "0"),
-                    help=f"the full matrix: rank counts {FULL_SIZES} unless --mpi-sizes says otherwise, and tests "
-                         "marked long_run on every grid of every rank count (default: only at the 2-rank launch; "
-                         "env MPISPHERE_TEST_FULL=1)")
+                    help=f"the full matrix: rank counts {FULL_SIZES} unless --mpi-sizes says otherwise, every test "
+                         "on both grids of 6 ranks (default: one of them each), and tests marked long_run on every "
+                         "grid of every rank count (default: one grid of the 2-rank launch; env MPISPHERE_TEST_FULL=1)")
     group.addoption("--mpi-launch-timeout", type=float,
                     default=float(os.environ.get("MPISPHERE_TEST_LAUNCH_TIMEOUT", "900")),
                     help="seconds one mpiexec launch may take before it is killed (default %(default)s)")
@@ -122,6 +128,10 @@ def add_options(parser):
                     help="seconds one MPI test may take before its ranks are ended (default %(default)s)")
     group.addoption("--mpi-grace", type=float, default=float(os.environ.get("MPISPHERE_TEST_GRACE", "20")),
                     help="seconds a failed rank waits for the others before aborting the job")
+    group.addoption("--mpi-overlap", choices=("auto", "always", "never"),
+                    default=os.environ.get("MPISPHERE_TEST_OVERLAP", "auto"),
+                    help="run the MPI launches one after another in the background while the serial tests run "
+                         "(auto: with at least 2 cores; env MPISPHERE_TEST_OVERLAP)")
     group.addoption("--mpi-progress", choices=("auto", "always", "never"),
                     default=os.environ.get("MPISPHERE_TEST_PROGRESS_LINES", "auto"),
                     help="print a line every few seconds while a launch runs: which launch, its tests done, the "
@@ -183,6 +193,7 @@ class MpiLaunch(pytest.Item):
         super().__init__(**kwargs)
         self.nranks = nranks
         self.long_runs = long_runs  # whether this launch runs the tests marked long_run
+        self.proc = self.output = self.ended = None
         self.files = files
         self.ntests = ntests
         self.summary = None
@@ -203,14 +214,19 @@ class MpiLaunch(pytest.Item):
                f"--mpi-grace={config.getoption('--mpi-grace')}",
                "-m", " and ".join(["mpi"] + ([] if self.long_runs else [f"not {LONG_RUN}"])
                                   + ([f"({markexpr})"] if markexpr else []))]
+        if config.getoption("--mpi-full"):
+            cmd.append("--mpi-full")
         if config.option.keyword:
             cmd += ["-k", config.option.keyword]
         if config.option.verbose > 0:
             cmd.append("-v")
         return cmd + list(self.files)
 
-    def runtest(self):
-        cmd = self._command()
+    def start(self):
+        """Start the launch (in the background: :meth:`runtest` waits for it); its output goes to a file."""
+        if self.proc is not None:
+            return
+        self.cmd = cmd = self._command()
         env = dict(os.environ)
         for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
             env.setdefault(var, "1")  # BLAS threads fight oversubscribed ranks for the cores
@@ -231,11 +247,38 @@ class MpiLaunch(pytest.Item):
         env[PROGRESS_VARIABLE] = self.progress
         self.hangs = tempfile.mkdtemp(prefix="mpisphere-hangs-")
         env[HANGS_VARIABLE] = self.hangs
-        try:
-            self._launch(cmd, env)
-        finally:
+        self.output = tempfile.TemporaryFile(prefix="mpisphere-launch-")  # a pipe would fill and stall the ranks
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(cmd, stdout=self.output, stderr=subprocess.STDOUT, env=env,
+                                     cwd=str(self.config.invocation_params.dir), start_new_session=True)
+
+    def done(self):
+        """Whether the launch has ended (``False`` before it starts); notes when it was first seen ended."""
+        ended = self.proc is not None and self.proc.poll() is not None
+        if ended and self.ended is None:
+            self.ended = time.monotonic()
+        return ended
+
+    def stop(self):
+        """End the launch if it still runs, and remove its files (the session ended before its item ran)."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self._clean_up()
+
+    def _clean_up(self):
+        if self.output is not None:
+            self.output.close()
             os.unlink(self.progress)
             shutil.rmtree(self.hangs, ignore_errors=True)
+            self.output = None
+
+    def runtest(self):
+        self.start()
+        try:
+            self._wait()
+        finally:
+            self._clean_up()
 
     def session_cache(self):
         """A temporary bytecode cache shared by this session's launches (created once, removed at its end)."""
@@ -244,17 +287,15 @@ class MpiLaunch(pytest.Item):
             outer.bytecode = tempfile.mkdtemp(prefix="mpisphere-pycache-")
         return outer.bytecode
 
-    def _launch(self, cmd, env):
+    def _wait(self):
+        cmd, proc, start = self.cmd, self.proc, self.started
         timeout = self.config.getoption("--mpi-launch-timeout")
-        start = time.monotonic()
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
-                                cwd=str(self.config.invocation_params.dir), start_new_session=True)
         shows = _shows_progress(self.config)
         try:
             while True:  # wait in slices, saying where the launch is between them (when asked, or on a terminal)
                 left = timeout - (time.monotonic() - start)
                 try:
-                    output, _ = proc.communicate(timeout=max(0.0, min(left, PROGRESS_SECONDS if shows else left)))
+                    proc.wait(timeout=max(0.0, min(left, PROGRESS_SECONDS if shows else left)))
                     break
                 except subprocess.TimeoutExpired:
                     if time.monotonic() - start >= timeout:
@@ -262,13 +303,14 @@ class MpiLaunch(pytest.Item):
                     self._show_progress(time.monotonic() - start)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
-            output, _ = proc.communicate()
-            raise MpiLaunchFailed(self._report(cmd, output, f"killed after the launch timeout of {timeout:.0f} s "
-                                               "(--mpi-launch-timeout)")) from None
+            proc.wait()
+            raise MpiLaunchFailed(self._report(cmd, self._read(), f"killed after the launch timeout of {timeout:.0f} "
+                                               "s (--mpi-launch-timeout)")) from None
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
-        elapsed = time.monotonic() - start
+        elapsed = (self.ended or time.monotonic()) - start  # a launch that ended in the background: when it did
+        output = self._read()
         text = output.decode(errors="replace")
         self.summary = _summary_line(text) or f"exit {proc.returncode}"
         self.summary += f" (wall {elapsed:.1f} s)"
@@ -276,6 +318,10 @@ class MpiLaunch(pytest.Item):
             return
         if proc.returncode != 0:
             raise MpiLaunchFailed(self._report(cmd, output, f"exited with status {proc.returncode}"))
+
+    def _read(self):
+        self.output.seek(0)
+        return self.output.read()
 
     def _show_progress(self, elapsed):
         """One line: this launch, its tests done of collected, the one running now (outside pytest's capture)."""
@@ -454,6 +500,7 @@ class OuterPlugin:
         self.current = None  # the serial test running now, for the guard's message
         self.guarded = {}    # MPI's communicators replaced by guards, restored at the end
         self.bytecode = None  # the launches' shared bytecode cache, when PYTHONDONTWRITEBYTECODE is set
+        self.background = []  # the launches that run one after another beside the serial tests
 
     def guard_mpi(self):
         """Put guards in place of ``MPI.COMM_WORLD`` and ``MPI.COMM_SELF`` (MPI itself stays uninitialised)."""
@@ -467,6 +514,8 @@ class OuterPlugin:
                 setattr(MPI, name, _outer_process_guard(MPI, name, self))
 
     def pytest_unconfigure(self, config):
+        for launcher in self.launchers:  # a session that ended early (-x, Ctrl-C) leaves no ranks running
+            launcher.stop()
         if self.bytecode is not None:
             shutil.rmtree(self.bytecode, ignore_errors=True)
         if self.guarded:  # a process that runs pytest.main() and then MPI gets its communicators back
@@ -479,6 +528,17 @@ class OuterPlugin:
 
     def pytest_runtest_logfinish(self, nodeid, location):
         self.current = None
+        self._advance()
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtestloop(self, session):
+        if not session.config.option.collectonly:
+            self._advance()
+
+    def _advance(self):
+        """Keep one background launch running while serial tests remain: start the next when one has ended."""
+        if self.background and all(launcher.proc is None or launcher.done() for launcher in self.launchers):
+            self.background.pop(0).start()
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, session, config, items):
@@ -506,6 +566,11 @@ class OuterPlugin:
                                                    ntests=len(group), long_runs=full or n in long_runs))
         self.launchers = launchers
         items[:] = serial + launchers
+        choice = config.getoption("--mpi-overlap")
+        if serial and choice == "always" or (choice == "auto" and serial and (os.cpu_count() or 1) >= 2):
+            # the serial tests use one core and often wait (on subprocesses, timeouts): the launches run beside
+            # them, one at a time, and each launch's item reports what its launch did
+            self.background = list(launchers)
 
     def pytest_terminal_summary(self, terminalreporter):
         ran = [launcher for launcher in self.launchers if launcher.summary]
@@ -655,7 +720,7 @@ def pytest_configure(config):
         return
     config.addinivalue_line("markers", f"{LONG_RUN}: a model run of many steps whose checks do not depend on the "
                             "decomposition (another test compares every grid with one rank); it runs at one rank count "
-                            "(the smallest above 1) unless --mpi-full")
+                            "(the smallest above 1) on one grid unless --mpi-full")
     if is_inner(config):
         config.pluginmanager.register(InnerPlugin(config), "mpisphere-inner")
     else:
@@ -689,6 +754,12 @@ def pytest_generate_tests(metafunc):
         if metafunc.definition.get_closest_marker("mpi") is None:
             raise pytest.UsageError(f"{metafunc.definition.nodeid} takes the grid fixture but is not marked mpi")
         shapes = grid_shapes(world_size(metafunc.config))
+        full = metafunc.config.getoption("--mpi-full")
+        if metafunc.definition.get_closest_marker(LONG_RUN) is not None and not full:
+            shapes = shapes[-1:]  # one grid (2x1 at two ranks: the latitudes split) unless the full matrix
+        elif len(shapes) == 2 and min(shapes[0]) > 1 and not full:
+            # both axes split (2x3, 3x2 at six ranks): each test on one of the two, half the tests on each
+            shapes = [shapes[zlib.crc32(metafunc.definition.nodeid.encode()) % 2]]
         metafunc.parametrize("grid", shapes, ids=[f"{p}x{a}" for p, a in shapes], indirect=True)
 
 

@@ -5,6 +5,7 @@ folder holding only the user's test file, as a subprocess with a timeout.
 """
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -162,3 +163,40 @@ def test_a_serial_test_touching_mpi_fails_by_name_instead_of_ending_the_run(tmp_
     assert ("test_user.py::test_forgot_the_marker uses MPI.COMM_WORLD.Get_size in the outer pytest process"
             in out), out
     assert "@pytest.mark.mpi" in out and "1 failed, 1 passed" in out, out  # the run went on
+
+
+LONG_RUN_TESTS = '''
+import pytest
+
+
+@pytest.mark.mpi
+@pytest.mark.long_run
+def test_long(grid):
+    pass
+
+
+@pytest.mark.mpi
+def test_short(grid):
+    pass
+
+
+def test_serial():
+    pass
+'''
+
+
+def test_the_default_matrix_is_one_launch_per_kind_of_decomposition_and_full_adds_the_rest(tmp_path):
+    code, out = run_project(tmp_path, USER_TESTS, "--collect-only", "-q")
+    assert code == 0 and re.findall(r"::mpiexec-n(\d+)", out) == ["1", "2", "6"], out
+    code, out = run_project(tmp_path, USER_TESTS, "--collect-only", "-q", "--mpi-full")
+    assert code == 0 and re.findall(r"::mpiexec-n(\d+)", out) == ["1", "2", "3", "4", "6"], out
+
+
+def test_a_long_run_runs_on_one_grid_of_two_ranks_unless_the_full_matrix(tmp_path):
+    """Beside a serial test (so the launches run in the background): the counts of each launch."""
+    code, out = run_project(tmp_path, LONG_RUN_TESTS, "--mpi-sizes=1,2")
+    assert code == 0, out
+    assert re.search(r"1 rank\(s\): 1 passed", out) and re.search(r"2 rank\(s\): 3 passed", out), out  # 2x1 only
+    code, out = run_project(tmp_path, LONG_RUN_TESTS, "--mpi-sizes=1,2", "--mpi-full", "--mpi-overlap=never")
+    assert code == 0, out
+    assert re.search(r"1 rank\(s\): 2 passed", out) and re.search(r"2 rank\(s\): 4 passed", out), out
