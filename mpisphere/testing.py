@@ -44,6 +44,9 @@ outer run (``python -m pytest``)
     on a terminal by default, ``always`` or ``never``). The launch's output
     is shown without NUL characters (Open MPI ends its version string with
     one, which made ``grep`` call a whole CI log binary).
+    A test marked ``also_at(3, 4)`` also runs at those rank counts when
+    ``--mpi-sizes`` is not given (the documentation's examples, written
+    for the ranks they name).
     A test marked ``long_run`` (a model run of many steps whose checks do
     not depend on the decomposition, because another test compares the
     model on every grid with one rank) runs only at the smallest rank count
@@ -106,6 +109,7 @@ import pytest
 QUICK_SIZES = "1,2,6"
 FULL_SIZES = "1,2,3,4,6"
 LONG_RUN = "long_run"  # the marker of a model run whose checks do not depend on the decomposition
+ALSO_AT = "also_at"    # the marker of a test that needs rank counts beyond the default ones (the docs' examples)
 GRID_SHAPES = {1: [(1, 1)], 2: [(1, 2), (2, 1)], 3: [(1, 3), (3, 1)], 4: [(2, 2)], 6: [(2, 3), (3, 2)]}
 PLUGIN = "mpisphere.testing"
 
@@ -538,7 +542,11 @@ class OuterPlugin:
     def _advance(self):
         """Keep one background launch running while serial tests remain: start the next when one has ended."""
         if self.background and all(launcher.proc is None or launcher.done() for launcher in self.launchers):
-            self.background.pop(0).start()
+            launcher = self.background.pop(0)
+            try:
+                launcher.start()
+            except MpiLaunchFailed:
+                pass  # no launcher found: the item fails with this message when it runs
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, session, config, items):
@@ -552,6 +560,9 @@ class OuterPlugin:
                 continue
             min_size = int(marker.kwargs.get("min_size", 1))
             fits = [n for n in sizes if n >= min_size]
+            also = item.get_closest_marker(ALSO_AT)
+            if also is not None and not config.getoption("--mpi-sizes"):  # the default matrix: and these
+                fits = sorted(set(fits) | {int(n) for n in also.args if int(n) >= min_size})
             if not fits:
                 self.unrunnable.append(item.nodeid)
             if fits and not full and item.get_closest_marker(LONG_RUN) is not None:
@@ -721,6 +732,8 @@ def pytest_configure(config):
     config.addinivalue_line("markers", f"{LONG_RUN}: a model run of many steps whose checks do not depend on the "
                             "decomposition (another test compares every grid with one rank); it runs at one rank count "
                             "(the smallest above 1) on one grid unless --mpi-full")
+    config.addinivalue_line("markers", f"{ALSO_AT}(*sizes): rank counts this test also runs at when --mpi-sizes "
+                            "is not given (e.g. examples written for 4 ranks)")
     if is_inner(config):
         config.pluginmanager.register(InnerPlugin(config), "mpisphere-inner")
     else:

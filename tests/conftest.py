@@ -1,8 +1,8 @@
 """Test configuration: mpisphere's own pytest plugin (mpisphere.testing) and the shared fixtures.
 
 ``python -m pytest`` runs the serial tests here and every ``mpi``-marked test
-under ``mpiexec`` at 1, 2, 3, 4 and 6 ranks (see mpisphere/testing.py, which
-users enable the same way for their own suites).
+under ``mpiexec`` at 1, 2 and 6 ranks (``--mpi-full``: 1, 2, 3, 4 and 6; see
+mpisphere/testing.py, which users enable the same way for their own suites).
 """
 
 import os

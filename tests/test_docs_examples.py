@@ -48,6 +48,9 @@ def examples(page):
     return out
 
 
+LAUNCHED = (1, 2, 3, 4, 6)  # the rank counts an example may name: each runs at its own
+
+
 def sessions(size):
     """``{(page, ranks): blocks}`` for the pages' blocks that run on ``size`` ranks."""
     found = {}
@@ -65,13 +68,14 @@ def pytest_generate_tests(metafunc):
 
 
 def test_every_example_names_a_rank_count_the_suite_launches():
-    launched = {1, 2, 3, 4, 6}
+    launched = set(LAUNCHED)
     odd = [(str(page.relative_to(ROOT)), line, ranks) for page in pages()
            for ranks, _, _, line in examples(page) if ranks not in launched]
     assert not odd, f"examples asking for rank counts the suite never launches (page, line, ranks): {odd}"
 
 
 @pytest.mark.mpi
+@pytest.mark.also_at(*LAUNCHED)  # every example at the rank count it names, also in the default matrix
 def test_the_examples_of_a_page_run(session, tmp_path, comm):
     page, blocks = session
     shared = comm.bcast(str(tmp_path), root=0)

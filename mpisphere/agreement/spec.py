@@ -38,7 +38,11 @@ class InputError(Exception):
     """A problem with this rank's arguments, found before any communication.
 
     Carries the exception class that the user sees (``kind``) and the text
-    (expected and got); the caller adds who and which rank.
+    (expected and got); the caller adds who and which rank. The text's first
+    line is the cause, the same words on every rank with the same mistake
+    (the ranks are grouped by it); the lines after it say what to do
+    (``  fix: ...``) and give this rank's details (``  rank 3: ...``), and
+    are shown after every rank's cause.
     """
 
     def __init__(self, text, kind=ValueError):
