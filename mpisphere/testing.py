@@ -53,10 +53,10 @@ outer run (``python -m pytest``)
     above 1, on the last of its grids (2x1 at two ranks), unless
     ``--mpi-full``. Outside the full matrix, a test on a rank count with two
     grids that both split both axes (2x3 and 3x2 at six ranks) runs on one
-    of them, chosen by its name, so that each grid takes about half the tests. Where
-    ``PYTHONDONTWRITEBYTECODE`` is set, the launches share one temporary
-    bytecode cache (``PYTHONPYCACHEPREFIX``) instead of compiling every
-    module again in every rank.
+    of them, chosen by its name, so that each grid takes about half the
+    tests. Where ``PYTHONDONTWRITEBYTECODE`` is set, the launches share one
+    temporary bytecode cache (``PYTHONPYCACHEPREFIX``) instead of compiling
+    every module again in every rank.
     ``MPI.COMM_WORLD`` and ``MPI.COMM_SELF`` are guards here: a serial test
     that touches MPI fails with a message naming it instead of ending the
     process at MPICH's first call before ``MPI_Init``.
