@@ -648,6 +648,26 @@ class InnerPlugin:
     def pytest_runtest_logfinish(self, nodeid, location):
         self._progress("done", nodeid)
 
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, session, config, items):
+        """Outside ``--mpi-full``, on two grids that both split both axes (2x3, 3x2): each test on one of them."""
+        shapes = grid_shapes(self.size)
+        if config.getoption("--mpi-full") or len(shapes) != 2 or min(shapes[0]) < 2:
+            return
+        keep, drop = [], []
+        for item in items:
+            params = getattr(getattr(item, "callspec", None), "params", {})
+            if params.get("grid") not in shapes:
+                keep.append(item)
+                continue
+            # the node id without the grid's part: the same key for the test on either grid, on every rank
+            head, bracket, tail = item.nodeid.partition("[")
+            key = head + bracket + tail.replace("{}x{}".format(*params["grid"]), "", 1)
+            (keep if params["grid"] == shapes[zlib.crc32(key.encode()) % 2] else drop).append(item)
+        if drop:
+            config.hook.pytest_deselected(items=drop)
+            items[:] = keep
+
     def pytest_collection_finish(self, session):
         for item in session.items:
             self._progress("collected", item.nodeid)
@@ -770,9 +790,6 @@ def pytest_generate_tests(metafunc):
         full = metafunc.config.getoption("--mpi-full")
         if metafunc.definition.get_closest_marker(LONG_RUN) is not None and not full:
             shapes = shapes[-1:]  # one grid (2x1 at two ranks: the latitudes split) unless the full matrix
-        elif len(shapes) == 2 and min(shapes[0]) > 1 and not full:
-            # both axes split (2x3, 3x2 at six ranks): each test on one of the two, half the tests on each
-            shapes = [shapes[zlib.crc32(metafunc.definition.nodeid.encode()) % 2]]
         metafunc.parametrize("grid", shapes, ids=[f"{p}x{a}" for p, a in shapes], indirect=True)
 
 

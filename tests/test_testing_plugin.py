@@ -200,3 +200,29 @@ def test_a_long_run_runs_on_one_grid_of_two_ranks_unless_the_full_matrix(tmp_pat
     code, out = run_project(tmp_path, LONG_RUN_TESTS, "--mpi-sizes=1,2", "--mpi-full", "--mpi-overlap=never")
     assert code == 0, out
     assert re.search(r"1 rank\(s\): 2 passed", out) and re.search(r"2 rank\(s\): 4 passed", out), out
+
+
+SIX_RANK_TESTS = '''
+import os
+
+import pytest
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("i", range(8))
+def test_on_a_grid(grid, i):
+    if grid.rank == 0:
+        with open(os.path.join(os.path.dirname(__file__), "grids.txt"), "a") as seen:
+            seen.write(f"{i} {grid.npolar}x{grid.nazimuth}\\n")
+'''
+
+
+def test_at_six_ranks_each_test_runs_on_one_of_the_two_grids_and_both_grids_are_used(tmp_path):
+    code, out = run_project(tmp_path, SIX_RANK_TESTS, "--mpi-sizes=6")
+    assert code == 0 and re.search(r"6 rank\(s\): 8 passed", out), out
+    seen = (tmp_path / "grids.txt").read_text().split()
+    grids = dict(zip(seen[::2], seen[1::2]))
+    assert len(grids) == 8 and set(grids.values()) == {"2x3", "3x2"}, seen
+    (tmp_path / "grids.txt").unlink()
+    code, out = run_project(tmp_path, SIX_RANK_TESTS, "--mpi-sizes=6", "--mpi-full")
+    assert code == 0 and re.search(r"6 rank\(s\): 16 passed", out), out
