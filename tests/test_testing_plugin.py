@@ -72,7 +72,7 @@ def test_a_user_project_runs_its_mpi_tests_on_every_grid_and_reports_a_one_rank_
 
 
 def test_a_hanging_rank_ends_the_launch_instead_of_hanging_the_suite(tmp_path):
-    code, out = run_project(tmp_path, HANGING_TEST, "--mpi-sizes=2", "--mpi-test-timeout=5",
+    code, out = run_project(tmp_path, HANGING_TEST, "--mpi-sizes=2", "--mpi-test-timeout=3",
                             "--mpi-launch-timeout=120")
     assert code == 1, out
     assert "MPI launch on 2 rank(s)" in out and "Timeout" in out, out
@@ -223,6 +223,4 @@ def test_at_six_ranks_each_test_runs_on_one_of_the_two_grids_and_both_grids_are_
     seen = (tmp_path / "grids.txt").read_text().split()
     grids = dict(zip(seen[::2], seen[1::2]))
     assert len(grids) == 8 and set(grids.values()) == {"2x3", "3x2"}, seen
-    (tmp_path / "grids.txt").unlink()
-    code, out = run_project(tmp_path, SIX_RANK_TESTS, "--mpi-sizes=6", "--mpi-full")
-    assert code == 0 and re.search(r"6 rank\(s\): 16 passed", out), out
+    # (--mpi-full reaching the inner run, where both grids would run: the long-run test above shows it)
