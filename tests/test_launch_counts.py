@@ -10,7 +10,7 @@ every call from mpisphere into a compiled function (NumPy's, ducc0's: what
 becomes a kernel launch on a device), leaving out the agreement's polling
 while the other ranks arrive (a wait, not work). Both must be the same at nlat 65 and
 129 and at two batch sizes, for every strategy that runs on a device, every
-transform and both directions, on grids of 1, 2 and 4 ranks. (Smaller grids
+transform and both directions, on grids of 1 and 4 ranks (also 2 under --mpi-full). (Smaller grids
 split over more ranks leave some blocks empty or contiguous, which takes
 other branches: a few lines more or less, not a loop.) A planted per-latitude loop fails the test
 (the last test here).
@@ -34,7 +34,7 @@ from mpisphere.sht.strategies import STRATEGIES
 
 from helpers import random_array, rank_rng
 
-# counted at 1, 2 and 4 ranks (few_ranks): the 4-rank launch (2x2, both axes split) is not in the default matrix
+# counted at 1 and 4 ranks (few_ranks): the 4-rank launch (2x2, both axes split) is not in the default matrix
 pytestmark = [pytest.mark.mpi, pytest.mark.also_at(4)]
 
 PACKAGE = str(Path(__file__).resolve().parent.parent / "mpisphere")
@@ -103,11 +103,13 @@ def everywhere(grid, found):
     return grid.cart.allgather(found)
 
 
-def few_ranks(grid):
-    """Counted at 1, 2 and 4 ranks (both axes split, each alone): a loop over latitudes or orders shows on any grid,
-    and tracing every line costs a minute of the suite at 3 and 6 oversubscribed ranks."""
-    if grid.size not in (1, 2, 4):
-        pytest.skip("counted on grids of 1, 2 and 4 ranks")
+def few_ranks(grid, config):
+    """Counted at 1 and 4 ranks (one rank; both axes split), and at 2 (each axis alone) under ``--mpi-full``: a loop
+    over latitudes or orders shows on any grid, and tracing every line costs a minute of the suite at 3 and 6
+    oversubscribed ranks (and half a minute at 2 ranks beside the serial tests)."""
+    sizes = (1, 2, 4) if config.getoption("--mpi-full") else (1, 4)
+    if grid.size not in sizes:
+        pytest.skip(f"counted on grids of {', '.join(map(str, sizes))} ranks (--mpi-full: 1, 2 and 4)")
 
 
 def batches(grid):
@@ -117,8 +119,8 @@ def batches(grid):
 
 @pytest.mark.parametrize("strategy", DEVICE)
 @pytest.mark.parametrize("cls", TRANSFORMS, ids=lambda c: c.__name__)
-def test_device_kernels_issue_the_same_operations_at_every_size(grid, cls, strategy):
-    few_ranks(grid)
+def test_device_kernels_issue_the_same_operations_at_every_size(grid, cls, strategy, request):
+    few_ranks(grid, request.config)
     few, more = batches(grid)
     with config.override(device_kernels=True):
         for direction in (FORWARD, ADJOINT):
@@ -131,8 +133,8 @@ def test_device_kernels_issue_the_same_operations_at_every_size(grid, cls, strat
 
 
 @pytest.mark.parametrize("cls", TRANSFORMS, ids=lambda c: c.__name__)
-def test_the_table_free_strategy_calls_ducc0_per_field_only(grid, cls):
-    few_ranks(grid)
+def test_the_table_free_strategy_calls_ducc0_per_field_only(grid, cls, request):
+    few_ranks(grid, request.config)
     few, _ = batches(grid)
     with config.override(device_kernels=True):  # the stages around it as on a device
         for direction in (FORWARD, ADJOINT):
@@ -169,14 +171,14 @@ HALO_WAITS = {(str(Path(HALO) / "shared.py"), "await_acknowledgements")}  # wait
 
 
 @pytest.mark.parametrize("shared", [False, True], ids=["messages", "shared"])
-def test_a_halo_call_issues_the_same_operations_at_every_size(grid, shared):
+def test_a_halo_call_issues_the_same_operations_at_every_size(grid, shared, request):
     """One copy (or sum) per block whatever the tile and the batch: no loop over rows or fields on either path.
 
     On a device each copy is one kernel (a CuPy slice assignment); counted here on the host path, whose copies
     go by runs (one NumPy call per block too). Only the halo's own code is counted (the neighbours' round polls
     for as long as the messages take).
     """
-    few_ranks(grid)
+    few_ranks(grid, request.config)
     from mpisphere import HaloExchange
     found = []
     for nlat, batch in ((33, 2), (65, 2), (33, 6)):
