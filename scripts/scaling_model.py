@@ -113,7 +113,7 @@ def measure_table_free_rate(dtype, nlat=361, lmax=181, fields=8):
     return row_table_entries(lmax, orders, nlat) * 2 * fields / seconds
 
 
-def measure_rates(dtype):
+def measure_rates(dtype, rounds=31):
     """The Legendre contraction's :class:`LegendreRate`, flops/s of the real FFT, bytes/s of a transposing copy.
 
     Per stored table entry (see :meth:`LegendreTables.multiply_adds`), at
@@ -146,7 +146,7 @@ def measure_rates(dtype):
         # calls of milliseconds on a shared machine: many rounds, every kind in alternation
         seconds = _interleaved_medians(contractions + [
             lambda: stage._rfft(x, "forward", spectrum),
-            lambda: numpy.copyto(target, source.transpose(1, 2, 3, 0))], rounds=31)
+            lambda: numpy.copyto(target, source.transpose(1, 2, 3, 0))], rounds=rounds)
         columns = [2 * fields for fields in RATE_FIELDS]
         rate_legendre = LegendreRate(columns, [sht.tables.multiply_adds(c) / t for c, t in zip(columns, seconds)])
         rate_fft = 2.5 * nlon * math.log2(nlon) * batch * nlat / seconds[-2]
@@ -262,7 +262,7 @@ def check(args):
     from mpisphere import DistributedRealSHT, ProcessGrid
     world = MPI.COMM_WORLD
     dtype = numpy.dtype(args.check_dtype)
-    rates = measure_rates(dtype) if world.Get_rank() == 0 else None
+    rates = measure_rates(dtype, args.rounds) if world.Get_rank() == 0 else None
     rates = world.bcast(rates)
     # this machine's "network": shared memory, probed with one Alltoall per message size
     probe = []
@@ -320,6 +320,8 @@ def main(argv=None):
     parser.add_argument("--km", action="store_true",
                         help="4001 x 8000, lmax = mmax = 2000, 16 fields, up to 16,384 ranks, float64, every strategy")
     parser.add_argument("--dtypes", default="float64,float32")
+    parser.add_argument("--rounds", type=int, default=31,
+                        help="timed rounds of each rate measurement (median; fewer: quicker, noisier rates)")
     parser.add_argument("--overlap-hidden", type=float, default=0.0,
                         help="share of the shorter of compute and network time that overlap=True hides (0 here)")
     args = parser.parse_args(argv)
@@ -331,7 +333,7 @@ def main(argv=None):
     counts = [2 ** k for k in range(int(math.log2(args.max_ranks)) + 1)]
     strategies = list(LEGENDRE_STRATEGIES) if args.legendre == "all" else [args.legendre]
     for dtype in (numpy.dtype(d) for d in args.dtypes.split(",")):
-        rates = measure_rates(dtype)
+        rates = measure_rates(dtype, args.rounds)
         lmax, mmax = truncate_sht(args.nlat, args.nlon, args.lmax, args.lmax)
         for legendre in strategies:
             print(f"\n{args.batch} x {args.nlat} x {args.nlon} {dtype.name}, lmax = mmax = {lmax}, balanced "

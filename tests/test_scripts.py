@@ -122,7 +122,7 @@ def test_fft_benchmark_runs_every_backend(tmp_path):
 
 def test_scaling_model_prints_a_row_per_rank_count(tmp_path):
     out = launch(1, "scaling_model.py", "--nlat", "33", "--nlon", "64", "--batch", "4", "--max-ranks", "8",
-                 "--markdown", cwd=tmp_path)
+                 "--markdown", "--rounds", "3", cwd=tmp_path)
     rows = [line for line in out.splitlines() if line.startswith("| ") and line.split("|")[1].strip().isdigit()]
     assert [int(row.split("|")[1]) for row in rows] == [1, 2, 4, 8] * 2, out  # float64, then float32
     assert "Gmadd/s by real columns" in out
@@ -130,7 +130,7 @@ def test_scaling_model_prints_a_row_per_rank_count(tmp_path):
 
 def test_scaling_model_runs_every_legendre_strategy(tmp_path):
     out = launch(1, "scaling_model.py", "--nlat", "33", "--nlon", "64", "--batch", "4", "--max-ranks", "4",
-                 "--legendre", "all", "--dtypes", "float64", "--markdown", cwd=tmp_path)
+                 "--legendre", "all", "--dtypes", "float64", "--markdown", "--rounds", "3", cwd=tmp_path)
     for strategy in ("transpose", "reduce-scatter", "table-free"):
         assert f"legendre='{strategy}'" in out, out
     rows = [line for line in out.splitlines() if line.startswith("| ") and line.split("|")[1].strip().isdigit()]
