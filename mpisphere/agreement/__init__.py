@@ -61,7 +61,7 @@ modules: :mod:`.spec`, :mod:`.description`, :mod:`.stall`,
 """
 
 from .call import Call, canonical, collective, finding
-from .collective import agree, agree_construction, as_exception, differences, raise_everywhere, settle
+from .collective import agree, agree_construction, as_exception, cause_first, differences, raise_everywhere, settle
 from .description import Described, call_description, describe_value, description_of, digest
 from .guard import REFUSED, CallGuard
 from .neighbours import HEADER_BYTES, NeighbourRound, message_buffer
@@ -90,5 +90,6 @@ __all__ = [
     "CallGuard",
     "REFUSED",
     "as_exception",
+    "cause_first",
     "differences",
 ]

@@ -17,15 +17,35 @@ def differences(texts, ranks=None):
     The largest group is named first, so with more than two ranks the odd
     one out is the rank named alone.
     """
+    ordered = _grouped(texts, ranks)
+    if len(ordered) < 2:
+        return ""
+    parts = [f"{_ranks(rs)} {'has' if len(rs) == 1 else 'have'}: {d}" for d, rs in ordered[:4]]
+    return " | ".join(parts) + (f" | and {len(ordered) - 4} more variants" if len(ordered) > 4 else "")
+
+
+def odd_ones(texts, ranks=None):
+    """The ranks outside the largest group of equal ``texts`` (``"rank 3"``, ``"ranks 1, 3"``), or ``None``."""
+    ordered = _grouped(texts, ranks)
+    if len(ordered) < 2:
+        return None
+    return _ranks(sorted(r for _, rs in ordered[1:] for r in rs))
+
+
+def _grouped(texts, ranks=None):
+    """``[(text, ranks)]`` of equal ``texts`` (one per rank), the largest group first (ties: the lowest rank)."""
     ranks = list(range(len(texts))) if ranks is None else ranks
     groups = {}
     for r, text in zip(ranks, texts):
         groups.setdefault(text, []).append(r)
-    if len(groups) < 2:
-        return ""
-    ordered = sorted(groups.items(), key=lambda item: (-len(item[1]), item[1][0]))
-    parts = [f"{_ranks(rs)} {'has' if len(rs) == 1 else 'have'}: {d}" for d, rs in ordered[:4]]
-    return " | ".join(parts) + (f" | and {len(ordered) - 4} more variants" if len(ordered) > 4 else "")
+    return sorted(groups.items(), key=lambda item: (-len(item[1]), item[1][0]))
+
+
+def cause_first(text, after):
+    """A finding's cause (its first line); its other lines (what to do, details) go onto ``after``, each once."""
+    cause, *rest = text.split("\n")
+    after.extend(line for line in rest if line not in after)
+    return cause
 
 
 def _ranks(ranks):
@@ -60,9 +80,7 @@ def as_exception(who, errors, rank=None):
     groups = {}
     after = []  # the lines after the causes (what to do, then each rank's details), each different line once
     for r, _, _, text in errors:
-        cause, *tail = text.split("\n")
-        groups.setdefault(cause, []).append(r)
-        after += [line for line in tail if line not in after]
+        groups.setdefault(cause_first(text, after), []).append(r)
     items = list(groups.items())
     shown = " | ".join(f"{_ranks(ranks)} of {size}: {cause}" for cause, ranks in items[:4])
     rest = sum(len(ranks) for _, ranks in items[4:])
@@ -111,18 +129,6 @@ def disagreement(who, size, mismatch, problems, rank, odd=None):
     exc = ValueError(f"{who}: the {size} ranks {mismatch}: {problems}")
     cause = f"the {size} ranks {mismatch}" + (f" ({odd} differ{'s' if odd.startswith('rank ') else ''})" if odd else "")
     return printed_once(exc, who, rank, 0, cause)
-
-
-def odd_ones(texts, ranks=None):
-    """The ranks outside the largest group of equal ``texts`` (``"rank 3"``, ``"ranks 1, 3"``), or ``None``."""
-    ranks = list(range(len(texts))) if ranks is None else ranks
-    groups = {}
-    for r, text in zip(ranks, texts):
-        groups.setdefault(text, []).append(r)
-    if len(groups) < 2:
-        return None
-    largest = max(groups.values(), key=lambda rs: (len(rs), -rs[0]))
-    return _ranks(sorted(r for r in ranks if r not in largest))
 
 
 # --- over a communicator -------------------------------------------------------------------------------

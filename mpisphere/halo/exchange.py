@@ -93,7 +93,7 @@ import numpy
 
 from .. import backend, collectives, dtypes
 from ..agreement import REFUSED, Call, Context, InputError, NeighbourRound, Spec, agree, agree_construction, \
-    call_description, collective, raise_everywhere
+    call_description, cause_first, collective, raise_everywhere
 from ..operators import ADJOINT, DISTRIBUTED, FORWARD, AdjointOperator, Layout, LinearOperator
 from ..settings import config
 from ..validation import check_choice, check_int
@@ -456,12 +456,7 @@ class HaloExchange(LinearOperator):
             if problems is None:
                 return
             after = []  # the findings' lines after their causes (what to do, details): at the end, each once
-
-            def cause(text):
-                first, *rest = text.split("\n")
-                after.extend(line for line in rest if line not in after)
-                return first
-
+            cause = lambda text: cause_first(text, after)  # noqa: E731
             lines = [] if error is None else [f"this rank: {cause(error.text)}"]
             for (source, tag), found in problems:
                 line = f"{FROM[tag if tag in FROM else tag - RECORD]} neighbour rank {source}: {cause(found)}"
