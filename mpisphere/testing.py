@@ -313,7 +313,7 @@ class MpiLaunch(pytest.Item):
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
-        elapsed = (self.ended or time.monotonic()) - start  # a launch that ended in the background: when it did
+        elapsed = (self.ended or time.monotonic()) - start  # ended in the background: when first seen ended
         output = self._read()
         text = output.decode(errors="replace")
         self.summary = _summary_line(text) or f"exit {proc.returncode}"
@@ -578,7 +578,7 @@ class OuterPlugin:
         self.launchers = launchers
         items[:] = serial + launchers
         choice = config.getoption("--mpi-overlap")
-        if serial and choice == "always" or (choice == "auto" and serial and (os.cpu_count() or 1) >= 2):
+        if serial and (choice == "always" or (choice == "auto" and (os.cpu_count() or 1) >= 2)):
             # the serial tests use one core and often wait (on subprocesses, timeouts): the launches run beside
             # them, one at a time, and each launch's item reports what its launch did
             self.background = list(launchers)
@@ -662,7 +662,7 @@ class InnerPlugin:
                 continue
             # the node id without the grid's part: the same key for the test on either grid, on every rank
             head, bracket, tail = item.nodeid.partition("[")
-            key = head + bracket + tail.replace("{}x{}".format(*params["grid"]), "", 1)
+            key = head + bracket + tail.replace(grid_id(params["grid"]), "", 1)
             (keep if params["grid"] == shapes[zlib.crc32(key.encode()) % 2] else drop).append(item)
         if drop:
             config.hook.pytest_deselected(items=drop)
@@ -782,6 +782,11 @@ def grid_shapes(size):
     return [tuple(MPI.Compute_dims(size, 2))]
 
 
+def grid_id(shape):
+    """``"2x3"``: the test id of the grid fixture's ``(npolar, nazimuth)``."""
+    return "{}x{}".format(*shape)
+
+
 def pytest_generate_tests(metafunc):
     if "grid" in metafunc.fixturenames:
         if metafunc.definition.get_closest_marker("mpi") is None:
@@ -790,7 +795,7 @@ def pytest_generate_tests(metafunc):
         full = metafunc.config.getoption("--mpi-full")
         if metafunc.definition.get_closest_marker(LONG_RUN) is not None and not full:
             shapes = shapes[-1:]  # one grid (2x1 at two ranks: the latitudes split) unless the full matrix
-        metafunc.parametrize("grid", shapes, ids=[f"{p}x{a}" for p, a in shapes], indirect=True)
+        metafunc.parametrize("grid", shapes, ids=[grid_id(shape) for shape in shapes], indirect=True)
 
 
 @pytest.fixture
