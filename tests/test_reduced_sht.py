@@ -18,7 +18,7 @@ from mpisphere import (DistributedInverseReducedRealSHT, DistributedInverseReduc
                        DistributedReducedRealSHT, DistributedReducedRealVectorSHT, RingGeometry, RingTiles, dottest)
 from mpisphere.rings import balanced_ring_split
 
-from helpers import raises
+from helpers import every_rank, raises, whole_message
 
 pytestmark = pytest.mark.mpi
 
@@ -129,6 +129,12 @@ def test_a_wrong_number_of_points_raises_on_every_rank(grid):
     points = numpy.zeros(sht.tiles.npoints + (grid.rank == grid.size - 1))
     with raises(ValueError, match="DistributedReducedRealSHT"):
         sht.forward(points)
+    if grid.size > 1:  # the whole field where a rank's points belong: said so, with what to do, on every rank
+        with raises(ValueError, match=rf"^DistributedReducedRealSHT.forward: {every_rank(grid.size)}: got the whole "
+                                      rf"field \({rings.npoints},\) where this rank's points belong\n  fix: give "
+                                      r"each rank its own part: tiles.scatter\(field\)") as caught:
+            sht.forward(numpy.zeros((2, rings.npoints)))
+        assert (whole_message(caught.value) == str(caught.value)) == (grid.rank == 0), str(caught.value)
 
 
 def test_ranks_with_different_rings_of_one_shape_raise_on_every_rank(grid):
