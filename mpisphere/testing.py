@@ -251,6 +251,7 @@ class MpiLaunch(pytest.Item):
         env[PROGRESS_VARIABLE] = self.progress
         self.hangs = tempfile.mkdtemp(prefix="mpisphere-hangs-")
         env[HANGS_VARIABLE] = self.hangs
+        env[BASETEMP_VARIABLE] = self.launch_temp()
         self.output = tempfile.TemporaryFile(prefix="mpisphere-launch-")  # a pipe would fill and stall the ranks
         self.started = time.monotonic()
         self.proc = subprocess.Popen(cmd, stdout=self.output, stderr=subprocess.STDOUT, env=env,
@@ -283,6 +284,20 @@ class MpiLaunch(pytest.Item):
             self._wait()
         finally:
             self._clean_up()
+
+    def launch_temp(self):
+        """This launch's folder under the outer run's ``basetemp``: each rank's ``tmp_path`` root is a folder in it.
+
+        The ranks are separate pytest sessions; sharing pytest's temporary root
+        they raced over its numbered folders and its ``pytest-current`` link
+        (one rank's clean-up removed what another still used). Under the outer
+        run's own root, pytest's retention keeps them as it keeps its own.
+        """
+        factory = getattr(self.config, "_tmp_path_factory", None)  # pytest's, as pytest-xdist uses it
+        root = factory.getbasetemp() if factory is not None else Path(tempfile.mkdtemp(prefix="mpisphere-tmp-"))
+        path = root / f"mpiexec-n{self.nranks}"
+        path.mkdir(exist_ok=True)
+        return str(path)
 
     def session_cache(self):
         """A temporary bytecode cache shared by this session's launches (created once, removed at its end)."""
@@ -349,6 +364,11 @@ class MpiLaunch(pytest.Item):
             hint += ("\nA rank exceeded the per-test timeout (--mpi-test-timeout); the tracebacks "
                      f"{'above' if not hint else 'of each rank'} show where it was waiting.")
         tests = _progress_report(self.progress)
+        passed = _all_passed(self.progress)
+        if passed and "status" in what:
+            # nothing in the tests failed: say so first, and what did (a rank's pytest session after its tests)
+            tests = (f" after all {passed} of its tests passed: the failure is outside the tests, in a rank's "
+                     f"pytest session: {_session_failure(self.hangs, text)}.")
         return (f"MPI launch on {self.nranks} rank(s) {what}{tests}\ncommand: {shlex.join(cmd)}\n"
                 f"--- output ---\n{text}{hint}")
 
@@ -374,6 +394,8 @@ def _summary_line(text):
 
 PROGRESS_VARIABLE = "MPISPHERE_TEST_PROGRESS"
 HANGS_VARIABLE = "MPISPHERE_TEST_HANGS"  # a directory: each rank's per-test watchdog writes its traceback there
+BASETEMP_VARIABLE = "MPISPHERE_TEST_BASETEMP"  # a directory: each rank's pytest basetemp is rank-<r> in it
+SESSION_END = "session-end-rank-"  # in HANGS_VARIABLE: a rank's session that failed after its tests, and why
 MEET_SPIN = 0.1  # seconds a rank polls the meeting by yielding the core before it naps between polls
 PROGRESS_SECONDS = float(os.environ.get("MPISPHERE_TEST_PROGRESS_SECONDS", "5"))  # at most one line this often
 
@@ -387,7 +409,11 @@ def _shows_progress(config):
     """Whether to print progress lines during launches: ``--mpi-progress`` (``auto``: when stdout is a terminal)."""
     choice = config.getoption("--mpi-progress")
     if choice == "auto":
-        return sys.stdout.isatty()
+        # the terminal reporter's view, taken when it was made: by the time the launches run, pytest's capture has
+        # replaced sys.stdout (and fd 1), which is never a terminal
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        isatty = getattr(reporter, "isatty", False)
+        return bool(isatty() if callable(isatty) else isatty)
     return choice == "always"
 
 
@@ -414,7 +440,8 @@ def _progress_counts(path):
 def _hang_tracebacks(directory):
     """Every rank's watchdog traceback (``HANGS_VARIABLE``), each under a line naming its rank."""
     try:
-        names = sorted(os.listdir(directory), key=lambda n: int(n.split("-")[1].split(".")[0]))
+        names = sorted((n for n in os.listdir(directory) if re.fullmatch(r"rank-\d+\.txt", n)),
+                       key=lambda n: int(n.split("-")[1].split(".")[0]))
     except (OSError, ValueError, IndexError):
         return ""
     parts = []
@@ -428,6 +455,39 @@ def _hang_tracebacks(directory):
             rank = name.split("-")[1].split(".")[0]
             parts.append(f"\n---------- rank {rank}: per-test timeout, where it was ----------\n{text}")
     return "".join(parts)
+
+
+def _all_passed(path):
+    """The number of a launch's tests when every one of them ran to its end without failing, else 0."""
+    lines = _progress_lines(path) or []
+    collected = [n for what, n in lines if what == "collected"]
+    done = {n for what, n in lines if what == "done"}
+    if not collected or any(what == "failed" for what, _ in lines) or any(n not in done for n in collected):
+        return 0
+    return len(collected)
+
+
+_ERROR_LINE = re.compile(r"^(?:INTERNALERROR>\s*)?(?:E\s+)?((?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception)\b.*)$",
+                         re.M)
+
+
+def _session_failure(directory, text):
+    """What failed after the tests: the ranks' own notes (``SESSION_END``), else the output's first error line."""
+    notes = []
+    try:
+        names = sorted(n for n in os.listdir(directory) if n.startswith(SESSION_END))
+    except OSError:
+        names = []
+    for name in names:
+        try:
+            with open(os.path.join(directory, name), errors="replace") as f:
+                notes.append(f"rank {name[len(SESSION_END):].split('.')[0]}: {f.read().strip()}")
+        except OSError:
+            continue
+    if notes:
+        return "; ".join(notes)
+    found = _ERROR_LINE.search(text)
+    return found.group(1).strip() if found else "no error line found in the output below"
 
 
 def _progress_report(path):
@@ -628,10 +688,32 @@ class InnerPlugin:
         path = os.environ.get(PROGRESS_VARIABLE)
         self.progress = open(path, "a", buffering=1) if path and self.rank == 0 else None  # line-buffered
         # the watchdog's traceback: into this rank's own file for the outer run to label, else to stderr
-        hangs = os.environ.get(HANGS_VARIABLE)
-        self.watchdog = open(os.path.join(hangs, f"rank-{self.rank}.txt"), "w") if hangs else self.err
+        self.hangs = os.environ.get(HANGS_VARIABLE)
+        self.watchdog = open(os.path.join(self.hangs, f"rank-{self.rank}.txt"), "w") if self.hangs else self.err
+        self.any_failed = False  # some rank failed some phase (the same on every rank: known from the meetings)
+        self.own_temp = self._own_basetemp(config)
         if self.rank != 0:
             sys.stdout = open(os.devnull, "w")  # the terminal reporter, created next, writes here
+
+    def _own_basetemp(self, config):
+        """Give this rank a pytest ``basetemp`` of its own: ``<parent>/rank-<r>``; returns a folder to remove, or None.
+
+        Every rank is a pytest session of its own; in one temporary root they
+        raced over pytest's numbered folders and its ``pytest-current`` link
+        (a rank's clean-up removed what another was using, and that rank's
+        session failed after its tests had passed). The parent is the outer
+        run's folder for this launch, else the ``--basetemp`` given, else a
+        new folder made by rank 0, removed at the end when every test passed.
+        Must run before pytest's ``tmp_path`` factory is made (this plugin's
+        ``pytest_configure`` runs first).
+        """
+        parent = os.environ.get(BASETEMP_VARIABLE) or config.option.basetemp
+        made = None
+        if not parent:
+            made = parent = self.comm.bcast(tempfile.mkdtemp(prefix="pytest-mpi-") if self.rank == 0 else None)
+        os.makedirs(parent, exist_ok=True)
+        config.option.basetemp = os.path.join(str(parent), f"rank-{self.rank}")
+        return made
 
     def _progress(self, what, nodeid):
         """Rank 0 notes a test's progress for the outer run (``PROGRESS_VARIABLE``); each line is flushed."""
@@ -641,6 +723,29 @@ class InnerPlugin:
     def pytest_unconfigure(self, config):
         if self.progress is not None:
             self.progress.close()
+        if self.own_temp is not None and not self.any_failed:
+            # every rank has finished its tests (the last meeting), but maybe not its own clean-up of its folder
+            request = self.comm.Ibarrier()
+            deadline = time.monotonic() + self.grace
+            while not request.Test() and time.monotonic() < deadline:
+                time.sleep(0.001)
+            if self.rank == 0 and request.Test():
+                shutil.rmtree(self.own_temp, ignore_errors=True)
+
+    def pytest_terminal_summary(self, terminalreporter):
+        if self.own_temp is not None and self.any_failed:
+            terminalreporter.write_line(f"the ranks' temporary folders are kept in {self.own_temp}")
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_sessionfinish(self, session, exitstatus):
+        """Note a failure of this rank's session after its tests (its own clean-up) for the outer run's report."""
+        try:
+            return (yield)
+        except BaseException as exc:
+            if self.hangs:
+                with open(os.path.join(self.hangs, f"{SESSION_END}{self.rank}.txt"), "w") as f:
+                    f.write(f"{type(exc).__name__}: {exc}")
+            raise
 
     def pytest_runtest_logstart(self, nodeid, location):
         self._progress("start", nodeid)
@@ -694,6 +799,7 @@ class InnerPlugin:
         text = report.longreprtext if failed else None
         if not self._meet(failed, item.nodeid, call.when, text):
             return report
+        self.any_failed = True
         # some rank failed: only now are the messages gathered (a passing phase costs one small reduction)
         everyone = self.comm.allgather((report.outcome, text))
         bad = [r for r, (outcome, _) in enumerate(everyone) if outcome == "failed"]

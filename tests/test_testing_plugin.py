@@ -9,8 +9,11 @@ import re
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
+
+from mpisphere.testing import mpiexec_command
 
 USER_TESTS = '''
 import numpy
@@ -224,3 +227,108 @@ def test_at_six_ranks_each_test_runs_on_one_of_the_two_grids_and_both_grids_are_
     grids = dict(zip(seen[::2], seen[1::2]))
     assert len(grids) == 8 and set(grids.values()) == {"2x3", "3x2"}, seen
     # (--mpi-full reaching the inner run, where both grids would run: the long-run test above shows it)
+
+
+TEMPORARY_PATH_TESTS = '''
+import os
+
+import pytest
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("i", range(6))
+def test_each_rank_makes_and_removes_temporary_paths_in_a_root_of_its_own(comm, tmp_path, tmp_path_factory, i):
+    root = tmp_path_factory.getbasetemp()
+    roots = comm.allgather(str(root))
+    assert len(set(roots)) == comm.Get_size() and root.name == f"rank-{comm.Get_rank()}", roots
+    assert tmp_path.is_relative_to(root)
+    made = tmp_path_factory.mktemp("scratch")
+    (made / "mine.txt").write_text(str(comm.Get_rank()))
+    (tmp_path / "mine.txt").write_text(str(comm.Get_rank()))
+    os.remove(made / "mine.txt")
+    os.rmdir(made)
+    if comm.Get_rank() == 0:
+        with open(os.path.join(os.path.dirname(__file__), "roots.txt"), "a") as seen:
+            seen.write(os.path.dirname(root) + "\\n")
+'''
+
+
+def test_every_rank_has_a_temporary_root_of_its_own(tmp_path):
+    """The ranks are separate pytest sessions: in one root they raced over its numbered folders and links."""
+    base = tmp_path / "base"
+    code, out = run_project(tmp_path, TEMPORARY_PATH_TESTS, "--mpi-sizes=6", f"--basetemp={base}")
+    assert code == 0 and re.search(r"6 rank\(s\): 6 passed", out), out
+    assert sorted(p.name for p in (base / "mpiexec-n6").iterdir()) == [f"rank-{r}" for r in range(6)]
+    # run by hand under mpiexec (no outer run): a folder of rank 0's for the ranks, removed when all passed
+    launched = subprocess.run(
+        [*mpiexec_command(), "-n", "3", sys.executable, "-m", "pytest", "-p", "mpisphere.testing", "--with-mpi",
+         "-p", "no:cacheprovider", "-q", "--rootdir", str(tmp_path), "test_user.py"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert launched.returncode == 0, launched.stdout + launched.stderr
+    parent = (tmp_path / "roots.txt").read_text().split()[-1]
+    assert os.path.basename(parent).startswith("pytest-mpi-") and not os.path.exists(parent), parent
+
+
+FAILING_CLEAN_UP = '''
+import os
+
+
+def pytest_sessionfinish(session):
+    if os.environ.get("MPISPHERE_TEST_NRANKS"):  # a rank of a launch, not the outer run
+        from mpi4py import MPI
+        if MPI.COMM_WORLD.Get_rank() == MPI.COMM_WORLD.Get_size() - 1:
+            raise FileNotFoundError("the clean-up lost its file")
+'''
+
+
+def test_a_launch_that_fails_after_its_tests_passed_says_so_first(tmp_path):
+    (tmp_path / "conftest.py").write_text(FAILING_CLEAN_UP)
+    passing = USER_TESTS.replace('assert comm.Get_rank() != comm.Get_size() - 1, "the last rank disagrees"', "pass")
+    code, out = run_project(tmp_path, passing, "--mpi-sizes=2")
+    assert code == 1, out
+    first = next(line for line in out.splitlines() if "MPI launch on 2 rank(s)" in line)
+    assert re.search(r"MPI launch on 2 rank\(s\) exited with status \d+ after all 3 of its tests passed: the "
+                     r"failure is outside the tests, in a rank's pytest session: rank 1: FileNotFoundError: the "
+                     r"clean-up lost its file\.", first), out
+
+
+def run_in_a_terminal(tmp_path, source, *args, timeout=300):
+    """``run_project`` with stdin, stdout and stderr on a pseudo-terminal, as a user at a terminal runs it."""
+    import pty
+    import select
+    (tmp_path / "test_user.py").write_text(textwrap.dedent(source))
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", TERM="xterm")
+    command = [sys.executable, "-m", "pytest", "-p", "mpisphere.testing", "-p", "no:cacheprovider", "--color=no",
+               "--rootdir", str(tmp_path), *args]
+    controller, terminal = pty.openpty()
+    proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdin=terminal, stdout=terminal, stderr=terminal,
+                            close_fds=True)
+    os.close(terminal)
+    chunks, deadline = [], time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([controller], [], [], 0.2)
+            if ready:
+                try:
+                    data = os.read(controller, 65536)
+                except OSError:  # the terminal closed: the run ended
+                    break
+                if not data:
+                    break
+                chunks.append(data)
+            elif proc.poll() is not None:
+                break
+        else:
+            proc.kill()
+            pytest.fail(f"the run in a terminal hung past {timeout} s:\n{b''.join(chunks).decode(errors='replace')}")
+    finally:
+        os.close(controller)
+        proc.wait()
+    return proc.returncode, b"".join(chunks).decode(errors="replace").replace("\r\n", "\n")
+
+
+def test_progress_lines_come_by_default_on_a_terminal(tmp_path, monkeypatch):
+    monkeypatch.setenv("MPISPHERE_TEST_PROGRESS_SECONDS", "0.3")
+    code, out = run_in_a_terminal(tmp_path, SLOW_TEST, "--mpi-sizes=2")
+    assert code == 0, out
+    assert "[mpiexec -n 2]" in out and "0/1 tests done, running test_user.py::test_slow" in out, out
