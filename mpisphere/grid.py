@@ -20,6 +20,7 @@ from mpi4py import MPI
 
 from . import backend, collectives, cuda_aware, dtypes
 from .agreement import REFUSED, Call, CallGuard, InputError, collective, raise_everywhere
+from .agreement.stall import ExitNotice
 from .launch import world_mismatch
 from .partition import chunk_slice, offsets_of, split_sizes
 from .validation import check_choice, check_int
@@ -223,6 +224,8 @@ class ProcessGrid:
         self.balanced_blocks = set()
         # the tiles in memory shared on the node (HaloExchange.zeros), made by the first such allocation
         self.node_memory = None
+        # a rank that exits with the grid in use tells the others (their stall reports name it); free() cancels it
+        self.exit_notice = ExitNotice(self.cart)
 
     @classmethod
     def from_fortran(cls, handle, npolar=None, nazimuth=None, *, order="azimuth-fastest"):
@@ -570,14 +573,22 @@ class ProcessGrid:
         from .settings import config
         return cuda_aware.describe_path(*self.cuda_aware, force_staging=config.force_staging)
 
+    @collective
     def free(self):
         """Free the communicators (collective). Safe to call twice.
 
         Operators built on the grid cannot be used afterwards: they raise.
+        Like every collective call, ``free`` first agrees with the other
+        ranks: a rank that frees the grid while another is in some other
+        call on it (a transform made on some ranks only) raises on every
+        rank, naming the calls, instead of leaving that rank waiting.
         """
         if self._freed:
             return
+        if not MPI.Is_finalized():
+            Call(self.cart, "ProcessGrid.free").agree("ProcessGrid.free")
         self._freed = True
+        self.exit_notice.cancel()
         self.scratch.clear()
         if self.node_memory is not None:
             self.node_memory.free()

@@ -32,7 +32,11 @@ Collectives
 -----------
 An operator that communicates does so in backward as well: every rank must
 call ``backward`` through the same operators in the same order, as with
-``torch.distributed`` collectives. Each rank holds its own piece of a
+``torch.distributed`` collectives. Whether autograd records a call (the
+input requires grad, outside ``torch.no_grad()``) is part of what the ranks
+agree on before it runs: an input that requires grad on some ranks only
+raises on every rank at the forward, where it would otherwise leave the
+backward waiting on the ranks that reach it. Each rank holds its own piece of a
 distributed tensor and the gradient of its piece; a loss that should count a
 distributed field once is the sum of the ranks' local losses (each rank calls
 ``backward`` on its own). A replicated output counts once: every rank holds
@@ -86,30 +90,41 @@ class _Refused:
         self.mpisphere_refusal = refusal
 
 
-def _call(op, direction, x):
-    return op.forward(x) if direction == FORWARD else op.adjoint(x)
+# what the ranks compare besides the call itself when autograd records it: its backward (the adjoint, which
+# communicates too) will follow on this rank, so it must follow on every rank
+RECORDED = " [recorded by autograd: requires grad]"
 
 
-def _run(op, direction, tensor):
+def _recorded(tensor):
+    """Whether autograd records a call on ``tensor`` (so that a backward through it may follow)."""
+    return isinstance(tensor, torch.Tensor) and torch.is_grad_enabled() and tensor.requires_grad
+
+
+def _call(op, direction, x, recorded=False):
+    return op._apply(direction, x, None, purpose=RECORDED if recorded else "")
+
+
+def _run(op, direction, tensor, recorded):
     try:
         x = as_array(tensor)
     except TypeError as exc:  # a tensor on another device: refused by the operator's own checks, on every rank
         x = _Refused(str(exc).removeprefix("mpisphere.torch: "))
-    return as_tensor(_call(op, direction, x))
+    return as_tensor(_call(op, direction, x, recorded))
 
 
 class _Apply(torch.autograd.Function):
     """``op`` in ``direction`` as an autograd function; its backward is the other direction."""
 
     @staticmethod
-    def forward(ctx, tensor, op, direction):
+    def forward(ctx, tensor, op, direction, recorded):
         ctx.op, ctx.direction = op, direction
-        return _run(op, direction, tensor)
+        return _run(op, direction, tensor, recorded)
 
     @staticmethod
     def backward(ctx, grad):
         other = ADJOINT if ctx.direction == FORWARD else FORWARD
-        return _Apply.apply(grad.contiguous(), ctx.op, other), None, None
+        grad = grad.contiguous()
+        return _Apply.apply(grad, ctx.op, other, _recorded(grad)), None, None, None
 
 
 def apply(op, tensor, adjoint=False):
@@ -137,7 +152,9 @@ def apply(op, tensor, adjoint=False):
         # the operator's checks refuse it on every rank (raising here alone would leave the other ranks waiting)
         _call(op, direction, _Refused(f"expected a torch.Tensor, got {type(tensor).__name__}"))
         raise TypeError(f"mpisphere.torch.apply({op.name}): expected a torch.Tensor, got {type(tensor).__name__}")
-    return _Apply.apply(tensor, op, direction)
+    # whether autograd records the call is part of what the ranks agree on: an input that requires grad on some
+    # ranks only would take the backward (a collective) to those ranks only, where it would wait for the others
+    return _Apply.apply(tensor, op, direction, _recorded(tensor))
 
 
 class TorchOperator(torch.nn.Module):
@@ -160,6 +177,7 @@ class TorchOperator(torch.nn.Module):
         self.adjoint = bool(adjoint)
 
     def forward(self, tensor):
+        """``apply(op, tensor)`` (``op.adjoint`` for a module made with ``adjoint=True``): this rank's output."""
         return apply(self.op, tensor, adjoint=self.adjoint)
 
     @property

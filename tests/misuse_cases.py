@@ -25,7 +25,7 @@ import threading
 import numpy
 from mpi4py import MPI
 
-from mpisphere import (CopyTo, DistributedInverseRealVectorSHT, DistributedRealSHT, DistributedReducedRealSHT,
+from mpisphere import (CopyTo, DistributedInverseRealSHT, DistributedInverseRealVectorSHT, DistributedRealSHT, DistributedReducedRealSHT,
                        GatherFrom, GatherFromCopyTo, HaloExchange, LinearOperator, PointInterpolation, ProcessGrid,
                        ReduceFrom, RingGeometry, RingTiles, ScatterTo, Transpose, config, dottest, split_sizes)
 from mpisphere.examples import ShallowWaterSolver
@@ -608,6 +608,38 @@ def ring_interpolation_whole_field_on_the_last_rank(comm, grid, me):
     op.forward(numpy.zeros(rings.npoints if me == _last(comm) else op.tiles.npoints))
 
 
+# issue 46: a call made on some ranks only, grid.free() among them
+
+def _free_while_one_transforms(comm, grid, culprit):
+    own = ProcessGrid(comm, grid.npolar, grid.nazimuth)
+    sht = DistributedRealSHT(own, NLAT, NLON)
+    try:
+        if comm.Get_rank() == culprit:
+            sht.forward(numpy.zeros(own.local_shape(NLAT, NLON)))
+        own.free()
+    finally:
+        own.free()  # after the error every rank is in step: this free is made by all
+
+
+def free_while_the_last_rank_transforms(comm, grid, me):
+    """The last rank is still in a transform while the others free the grid (and would exit)."""
+    _free_while_one_transforms(comm, grid, _last(comm))
+
+
+def free_while_rank_0_transforms(comm, grid, me):
+    """The same mistake on rank 0."""
+    _free_while_one_transforms(comm, grid, 0)
+
+
+def a_call_ahead_on_rank_0(comm, grid, me):
+    """Rank 0 makes one forward transform more (inside 'if rank == 0:'); then every rank makes the inverse."""
+    sht, isht = DistributedRealSHT(grid, NLAT, NLON), DistributedInverseRealSHT(grid, NLAT, NLON)
+    coefficients = sht.forward(numpy.zeros(grid.local_shape(NLAT, NLON)))
+    if me == 0:
+        sht.forward(numpy.zeros(grid.local_shape(NLAT, NLON)))
+    isht.forward(coefficients)
+
+
 CASES = [chunk_width, batch_gather_from, batch_reduce_from, batch_transpose, batch_halo, batch_sht,
          dtype_gather_from, dtype_copy_to_adjoint, out_shape, out_dtype, out_read_only, other_operator,
          other_extent, sht_lmax, halo_wider_than_neighbour, halo_tile_widths, grid_dims, grid_invalid_dims,
@@ -633,7 +665,9 @@ CASES = [chunk_width, batch_gather_from, batch_reduce_from, batch_transpose, bat
          shared_plain_batch_on_the_last_rank,
          # issue 41
          ring_gather_not_an_array_on_the_last_rank, ring_scatter_points_on_the_last_rank, ring_points_on_the_last_rank,
-         ring_interpolation_whole_field_on_the_last_rank]
+         ring_interpolation_whole_field_on_the_last_rank,
+         # issue 46
+         free_while_the_last_rank_transforms, free_while_rank_0_transforms, a_call_ahead_on_rank_0]
 
 
 def main():

@@ -44,3 +44,17 @@ def test_dottest_draws_points_of_the_dtype_the_operator_takes(grid, dtype):
         assert ms.dottest(op, lead=(2,), rtol=rtol) <= rtol
     with raises(TypeError, match="expected complex coefficients"):
         ms.dottest(isht, lead=(2,), dtype=numpy.float64)  # an explicit dtype is still taken as given
+
+
+def test_the_version_is_the_changelogs_newest_and_every_version_has_a_dated_section():
+    import re
+    from pathlib import Path
+    text = (Path(__file__).parents[1] / "CHANGELOG.md").read_text()
+    sections = re.findall(r"^## (.*)$", text, flags=re.M)
+    dated = [re.fullmatch(r"(\d+\.\d+\.\d+) \((\d{4}-\d{2}-\d{2})\)", s) for s in sections]
+    assert sections and all(dated), sections  # no "Unreleased" section left behind a release
+    versions = [tuple(map(int, m.group(1).split("."))) for m in dated]
+    assert versions == sorted(versions, reverse=True) and len(set(versions)) == len(versions), sections
+    dates = [m.group(2) for m in dated]
+    assert dates == sorted(dates, reverse=True), sections
+    assert ms.__version__ == dated[0].group(1), (ms.__version__, sections[0])

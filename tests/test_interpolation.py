@@ -88,8 +88,9 @@ def test_points_that_differ_on_one_rank_are_refused_on_every_rank(grid):
         pytest.skip("needs two ranks to differ")
     last = grid.size - 1  # named alone (the odd one out), never rank 0 by default
     with raises(ValueError, match=rf"^PointInterpolation: the {grid.size} ranks built it from different "
-                                         rf"arguments.*\| rank {last} has: PointInterpolation\(.*"
-                                         r"lons=array\(\(10,\), float64"):
+                                         rf"arguments: lons: .*, rank {last} array\(\(10,\), float64, [0-9a-f]+\)\n"
+                                         rf"  fix: build PointInterpolation with the same lons on every rank .*\n.*\n"
+                                         rf"  rank {last} has: PointInterpolation\(.*lons=array\(\(10,\), float64"):
         PointInterpolation(grid, NLAT, NLON, lats, lons)
 
 

@@ -27,6 +27,13 @@ PROGRAMS = {
             sys.exit(0)
         ReduceFrom(MPI.COMM_WORLD).forward(numpy.ones(3))
         """,
+    # the last rank ends its program with the grid in use while the others transform
+    "exits_with_the_grid_in_use": """
+        grid = ProcessGrid(MPI.COMM_WORLD)
+        if grid.rank == grid.size - 1:
+            sys.exit(0)
+        ReduceFrom(grid.cart).forward(numpy.ones(3))
+        """,
     # a halo exchange whose last rank never calls it
     "halo_neighbour_missing": """
         grid = ProcessGrid(MPI.COMM_WORLD, MPI.COMM_WORLD.size, 1)
@@ -61,7 +68,10 @@ def test_a_call_made_on_some_ranks_only_is_reported_and_aborted():
     for rank in (0, 1):
         assert f"mpisphere: rank {rank} of 3 has waited" in output, output
     assert "in ReduceFrom.forward's agreement over grid.cart (3 ranks)" in output, output
-    assert "waiting in it too: ranks 0, 1" in output and "not arrived: ranks 2" in output, output
+    # rank 2 went on to the end of its program, with the grid in use: named so once its note has come
+    assert "waiting in it too: ranks 0, 1" in output and ("not arrived: ranks 2" in output or "ended its program "
+                                                          "(exited with the grid in use, without this call): ranks 2"
+                                                          in output), output
     assert "aborts the job now (MPISPHERE_STALL_DEADLINE)" in output, output
 
 
@@ -84,3 +94,19 @@ def test_no_report_before_its_time():
     waited = [line for line in output.splitlines() if "has waited" in line]
     # the first rank at its deadline aborts the job: the other may not get to print
     assert code != 0 and waited and all("aborts the job now" in line for line in waited), output
+
+
+def test_the_report_names_the_call_site_and_a_rank_that_ended_its_program():
+    code, output = launch("exits_with_the_grid_in_use")
+    assert code != 0, output
+    # the user's line that waits (the program is given with -c: '<string>', line 5 of the program with its header)
+    site = 5 + len(HEADER.splitlines())
+    assert f"in ReduceFrom.forward's agreement over grid.cart (3 ranks), called at <string>:{site}." in output, output
+    assert "ended its program (exited with the grid in use, without this call): ranks 2" in output, output
+    assert "not arrived" not in output.split("aborts the job now")[0], output
+
+
+def test_a_call_made_on_some_ranks_only_names_where_each_waiting_rank_called_it():
+    code, output = launch("called_on_some_ranks")
+    site = 4 + len(HEADER.splitlines())
+    assert code != 0 and f"called at <string>:{site}" in output, output

@@ -301,3 +301,28 @@ def test_a_one_rank_grid_of_comm_self_inside_a_launch():
         x = torch.randn(6, 8, dtype=torch.float64, requires_grad=True)
         (mt.apply(sht, x).abs() ** 2).sum().backward()
         assert x.grad.shape == (6, 8)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_an_input_that_requires_grad_on_some_ranks_only_raises_on_every_rank_at_the_forward(grid):
+    """Otherwise the backward (the adjoint, a collective) would run on the last rank only and wait there."""
+    sht = DistributedRealSHT(grid, 8, 12)
+    last = grid.size - 1
+    x = torch.zeros(sht.tile_shape, dtype=torch.float64, requires_grad=grid.rank == last)
+    first = "rank 0" if last == 1 else f"ranks 0-{last - 1}" if last > 2 else "ranks 0, 1"
+    with raises(ValueError, match=rf"^DistributedRealSHT.forward: the {grid.size} ranks disagree on what they are "
+                                  rf"about to do: call: {first} forward, rank {last} forward \[recorded by autograd: "
+                                  r"requires grad\]\n  fix: make requires_grad \(and torch.no_grad\) the same on every "
+                                  r"rank"):
+        mt.apply(sht, x)
+    # the same inside torch.no_grad() on the last rank only
+    x = torch.zeros(sht.tile_shape, dtype=torch.float64, requires_grad=True)
+    with raises(ValueError, match=r"recorded by autograd"):
+        if grid.rank == last:
+            with torch.no_grad():
+                mt.apply(sht, x)
+        else:
+            mt.apply(sht, x)
+    # alike on every rank: runs, and so does the backward
+    (mt.apply(sht, x).abs() ** 2).sum().backward()
+    assert x.grad.shape == sht.tile_shape

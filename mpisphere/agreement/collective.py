@@ -7,6 +7,7 @@ from mpi4py import MPI
 from .. import collectives, cuda_aware
 from ..settings import config
 from .description import call_description, description_of, digest
+from .differing import ARGUMENT, CALL, INPUT, SWITCHES, VALUE, grouped, ranks_text, shown, what_differs
 from .spec import Context
 from .stall import wait
 
@@ -14,31 +15,19 @@ from .stall import wait
 def differences(texts, ranks=None):
     """A message naming who has what, when ``texts`` (one per rank) are not all equal; ``""`` otherwise.
 
-    The largest group is named first, so with more than two ranks the odd
-    one out is the rank named alone.
+    The fields that differ first (``nlat: ranks 0-2 64, rank 3 65``), then,
+    where the texts cannot be compared field by field, who has which text
+    (the largest group first, so with more than two ranks the odd one out is
+    the rank named alone).
     """
-    ordered = _grouped(texts, ranks)
+    ordered = grouped(texts, ranks)
     if len(ordered) < 2:
         return ""
-    parts = [f"{_ranks(rs)} {'has' if len(rs) == 1 else 'have'}: {d}" for d, rs in ordered[:4]]
+    summary, _ = what_differs(texts, ranks)
+    if summary:
+        return summary
+    parts = [f"{ranks_text(rs)} {'has' if len(rs) == 1 else 'have'}: {d}" for d, rs in ordered[:4]]
     return " | ".join(parts) + (f" | and {len(ordered) - 4} more variants" if len(ordered) > 4 else "")
-
-
-def odd_ones(texts, ranks=None):
-    """The ranks outside the largest group of equal ``texts`` (``"rank 3"``, ``"ranks 1, 3"``), or ``None``."""
-    ordered = _grouped(texts, ranks)
-    if len(ordered) < 2:
-        return None
-    return _ranks(sorted(r for _, rs in ordered[1:] for r in rs))
-
-
-def _grouped(texts, ranks=None):
-    """``[(text, ranks)]`` of equal ``texts`` (one per rank), the largest group first (ties: the lowest rank)."""
-    ranks = list(range(len(texts))) if ranks is None else ranks
-    groups = {}
-    for r, text in zip(ranks, texts):
-        groups.setdefault(text, []).append(r)
-    return sorted(groups.items(), key=lambda item: (-len(item[1]), item[1][0]))
 
 
 def cause_first(text, after):
@@ -46,14 +35,6 @@ def cause_first(text, after):
     cause, *rest = text.split("\n")
     after.extend(line for line in rest if line not in after)
     return cause
-
-
-def _ranks(ranks):
-    if len(ranks) == 1:
-        return f"rank {ranks[0]}"
-    if ranks == list(range(ranks[0], ranks[-1] + 1)) and len(ranks) > 2:
-        return f"ranks {ranks[0]}-{ranks[-1]}"
-    return "ranks " + ", ".join(map(str, ranks[:8])) + (", ..." if len(ranks) > 8 else "")
 
 
 _KINDS = {"TypeError": TypeError, "RuntimeError": RuntimeError, "MemoryError": MemoryError, "OSError": OSError,
@@ -82,14 +63,14 @@ def as_exception(who, errors, rank=None):
     for r, _, _, text in errors:
         groups.setdefault(cause_first(text, after), []).append(r)
     items = list(groups.items())
-    shown = " | ".join(f"{_ranks(ranks)} of {size}: {cause}" for cause, ranks in items[:4])
+    shown = " | ".join(f"{ranks_text(ranks)} of {size}: {cause}" for cause, ranks in items[:4])
     rest = sum(len(ranks) for _, ranks in items[4:])
     more = f" | and {rest} more rank{'s' if rest > 1 else ''}" if rest else ""
     if len(after) > 12:
         after = after[:11] + [f"  ... and {len(after) - 11} more lines"]
     message = f"{who}: {shown}{more}" + "".join(f"\n{line}" for line in after)
     reporter = min(r for r, _, _, _ in errors)
-    return printed_once(cls(message), who, rank, reporter, f"{_ranks(items[0][1])} of {size}: {items[0][0]}")
+    return printed_once(cls(message), who, rank, reporter, f"{ranks_text(items[0][1])} of {size}: {items[0][0]}")
 
 
 def printed_once(exc, who, rank, reporter, cause):
@@ -120,14 +101,72 @@ def agreed(exc):
     return exc
 
 
-def disagreement(who, size, mismatch, problems, rank, odd=None):
-    """The ValueError of ranks whose descriptions differ, printed in full by rank 0 (:func:`printed_once`).
+DIFFERENT_CALLS_FIX = (
+    "  fix: make the same mpisphere calls in the same order on every rank: a call made inside 'if rank == ...' "
+    "(or skipped on some ranks, by a branch or an exception caught there) leaves those ranks a call ahead or behind")
 
-    ``odd`` names the ranks that differ from the largest group, for the one
-    line the other ranks print.
+
+def _fix(who, found, summary=""):
+    """The ``fix:`` line of a disagreement whose fields ``found`` (``(key, kind)``, see :mod:`.differing`) differ."""
+    name = who.split("(")[0]
+    name = name.rsplit(".", 1)[0] if "." in name else name
+    def listed(kind):
+        keys = [k.split(": ")[-1] for k, c in found if c == kind]
+        return ", ".join(keys[:4]) + (", ..." if len(keys) > 4 else "")
+    kinds = {kind for _, kind in found}
+    lines = []
+    if SWITCHES in kinds:
+        lines.append("set MPISPHERE_DEBUG and MPISPHERE_FORCE_STAGING (mpisphere.config.debug and "
+                     ".force_staging) alike on every rank")
+    if ARGUMENT in kinds:
+        lines.append(f"build {name} with the same {listed(ARGUMENT)} on every rank (a value computed from the rank, "
+                     "read from a file or a clock?)")
+    if VALUE in kinds:
+        lines.append(f"pass the same {listed(VALUE)} on every rank")
+    if CALL in kinds and "recorded by autograd" in summary:
+        lines.append("make requires_grad (and torch.no_grad) the same on every rank: the backward of an operator "
+                     "communicates too, and must run on every rank or on none")
+    elif CALL in kinds:
+        lines.append(f"make the same call of {name} on every rank")
+    if INPUT in kinds:
+        lines.append("give every rank an input of the same kind: the same leading (batch) shape, dtype and device "
+                     "(only the axes split over the ranks may differ)")
+    if not lines:
+        lines.append("make every rank do the same thing here (below: what each rank has)")
+    return "  fix: " + "; ".join(lines)
+
+
+def disagreement(who, size, mismatch, texts, rank, ranks=None, whos=None, where=""):
+    """The ValueError of ranks whose descriptions ``texts`` differ, printed in full by rank 0 (:func:`printed_once`).
+
+    The first line names what differs: the calls each rank is in, when
+    ``whos`` (each rank's call) differ, else the fields that differ
+    (``nlat: ranks 0-2 64, rank 3 65``); a ``fix:`` line follows, then each
+    group's whole description (a transform's measured machine profile only
+    where it differs). ``where`` names a sub-communicator the difference is
+    within.
     """
-    exc = ValueError(f"{who}: the {size} ranks {mismatch}: {problems}")
-    cause = f"the {size} ranks {mismatch}" + (f" ({odd} differ{'s' if odd.startswith('rank ') else ''})" if odd else "")
+    ranks = list(range(len(texts))) if ranks is None else list(ranks)
+    groups = grouped(texts, ranks)
+    calls = grouped(whos, range(len(whos))) if whos is not None else []
+    summary, found = what_differs(texts, ranks)
+    if len(calls) > 1:
+        cause = f"the {size} ranks are in different calls: " + ", ".join(
+            f"{ranks_text(rs)} in {w}" for w, rs in calls[:4]) + (", ..." if len(calls) > 4 else "")
+        fix = DIFFERENT_CALLS_FIX
+    elif summary:
+        cause = f"the {size} ranks {mismatch}{where}: {summary}"
+        fix = _fix(who, found, summary)
+    else:
+        odd = sorted(r for _, rs in groups[1:] for r in rs)
+        cause = f"the {size} ranks {mismatch}{where} ({ranks_text(odd)} differ{'s' if len(odd) == 1 else ''})"
+        fix = _fix(who, [])
+    machine = any(k.endswith("machine") for k, _ in found)
+    details = [f"  {ranks_text(rs)} {'has' if len(rs) == 1 else 'have'}: {shown(text, machine)}"
+               for text, rs in groups[:4]]
+    if len(groups) > 4:
+        details.append(f"  and {len(groups) - 4} more variants")
+    exc = ValueError("\n".join([f"{who}: {cause}", fix, *details]))
     return printed_once(exc, who, rank, 0, cause)
 
 
@@ -137,7 +176,7 @@ def _group_id(comm, space):
     """The space rank of ``comm``'s rank 0: the same on every member of ``comm``, different between groups."""
     if comm is space:
         return 0
-    return int(MPI.Group.Translate_ranks(comm.Get_group(), [0], space.Get_group())[0])
+    return int(MPI.Group.Translateranks_text(comm.Get_group(), [0], space.Get_group())[0])
 
 
 def _reduce(comm, flags, who):
@@ -207,30 +246,26 @@ def agree(comm, who, error, description, spec=None, signature=""):
     everyone = collectives.allgather_object(
         comm, (None if error is None else (error.kind.__name__, error.text), here,
                [(None if c is None else (c.Get_name() or "a sub-communicator", _group_id(c, comm)), text)
-                for c, text in parts if c is not comm]))
-    errors = [(r, size, e[0], e[1]) for r, (e, _, _) in enumerate(everyone) if e is not None]
+                for c, text in parts if c is not comm], who))
+    errors = [(r, size, e[0], e[1]) for r, (e, _, _, _) in enumerate(everyone) if e is not None]
     if errors:
         raise as_exception(who, errors, comm.Get_rank())
-    problems = differences([d for _, d, _ in everyone])
-    odd = odd_ones([d for _, d, _ in everyone])
-    if not problems:  # the ranks agree here: find the groups of a sub-communicator that do not
-        for index in range(min(len(parts_of) for _, _, parts_of in everyone)):
-            group_of = {}
-            for r, (_, _, subparts) in enumerate(everyone):
-                where, text = subparts[index]
-                if where is not None:
-                    group_of.setdefault(where, {})[r] = text
-            for (name, _), members in group_of.items():
-                found = differences([members[r] for r in sorted(members)], sorted(members))
-                if found:
-                    problems = f"within {name} " + found
-                    odd = odd_ones([members[r] for r in sorted(members)], sorted(members))
-                    break
-            if problems:
-                break
-    if not problems:  # debug mode compared everything and found it equal
-        return context
-    raise disagreement(who, size, "disagree on what they are about to do", problems, comm.Get_rank(), odd)
+    texts, whos = [d for _, d, _, _ in everyone], [w for _, _, _, w in everyone]
+    mismatch = "disagree on what they are about to do"
+    if len(set(texts)) > 1:
+        raise disagreement(who, size, mismatch, texts, comm.Get_rank(), whos=whos)
+    # the ranks agree here: find the groups of a sub-communicator that do not
+    for index in range(min(len(parts_of) for _, _, parts_of, _ in everyone)):
+        group_of = {}
+        for r, (_, _, subparts, _) in enumerate(everyone):
+            where, text = subparts[index]
+            if where is not None:
+                group_of.setdefault(where, {})[r] = text
+        for (name, _), members in group_of.items():
+            if len(set(members.values())) > 1:
+                raise disagreement(who, size, mismatch, [members[r] for r in sorted(members)], comm.Get_rank(),
+                                   ranks=sorted(members), where=f" within {name}")
+    return context  # debug mode compared everything and found it equal
 
 
 def _groups_disagree(comm, parts):
@@ -285,14 +320,14 @@ def settle(comm, who, error, description="", mismatch="disagree on what they are
     _reduce(comm, flags, who)
     if flags[0] == 0 and flags[1] == -flags[2]:
         return
-    # agree()'s layout too (its third member: the parts on sub-communicators), so that the two meet
+    # agree()'s layout too (the parts on sub-communicators, then the call), so that the two meet
     everyone = collectives.allgather_object(comm, (None if error is None else (error.kind.__name__, error.text),
-                                                   description, []))
-    errors = [(r, size, e[0], e[1]) for r, (e, _, _) in enumerate(everyone) if e is not None]
+                                                   description, [], who))
+    errors = [(r, size, e[0], e[1]) for r, (e, _, _, _) in enumerate(everyone) if e is not None]
     if errors:
         raise as_exception(who, errors, comm.Get_rank())
-    texts = [d for _, d, _ in everyone]
-    raise disagreement(who, size, mismatch, differences(texts), comm.Get_rank(), odd_ones(texts))
+    raise disagreement(who, size, mismatch, [d for _, d, _, _ in everyone], comm.Get_rank(),
+                       whos=[w for _, _, _, w in everyone])
 
 
 def raise_everywhere(comm, who, error):
@@ -324,4 +359,4 @@ def agree_construction(obj, comm, who=None, error=None):
     who = who or (getattr(obj, "name", None) if isinstance(getattr(obj, "name", None), str)
                   else type(obj).__name__)
     settle(comm, who, error, description_of(obj),
-           mismatch="built it from different arguments (build it the same way on every rank)")
+           mismatch="built it from different arguments")

@@ -17,14 +17,17 @@ in time costs a non-blocking reduction and its polling (no slower than the
 blocking one here: ``scripts/bench_primitives.py``'s agreement rows).
 """
 
+import atexit
 import os
 import sys
 import time
 
+from mpi4py import MPI
+
 from .. import collectives
 from ..settings import config
 
-__all__ = ["wait", "Watch", "STALL_TAG"]
+__all__ = ["wait", "Watch", "STALL_TAG", "ExitNotice", "call_site"]
 
 STALL_TAG = 0x6D7374
 _SPIN = 0.05          # seconds of yielding polls before the loop sleeps between them
@@ -46,36 +49,119 @@ def _name(comm):
     return f"{name} ({comm.Get_size()} ranks)" if name else f"a communicator of {comm.Get_size()} ranks"
 
 
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # mpisphere/
+EXIT_NOTICE_RANKS = 1024  # the largest grid whose ranks tell every other rank when they exit (size - 1 notes each)
+
+
+def call_site():
+    """``"file:line"`` of the innermost frame outside mpisphere: the user's call that waits (None if none)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        path = os.path.abspath(name)
+        if name.startswith("<"):  # python -c, an interactive session
+            return f"{name}:{frame.f_lineno}"
+        if not path.startswith(_PACKAGE + os.sep):
+            try:
+                shown = os.path.relpath(path)
+            except ValueError:  # another drive
+                shown = path
+            return f"{shown if not shown.startswith('..') else path}:{frame.f_lineno}"
+        frame = frame.f_back
+    return None
+
+
+class ExitNotice:
+    """Tells the other ranks of a grid that this process ended with the grid still in use (not freed).
+
+    Registered with :mod:`atexit` when a grid is made (before mpi4py
+    finalizes MPI: handlers run last-registered first) and cancelled by
+    ``grid.free()``. At exit it sends a small note to every other rank of the
+    grid's communicator (tag ``STALL_TAG``), so that a rank left waiting in
+    a call this one never made can say, in its stall report, that this rank
+    has ended its program. Grids of more than ``EXIT_NOTICE_RANKS`` ranks
+    send none (each note is one message to every other rank).
+    """
+
+    __slots__ = ("comm", "sent", "__weakref__")
+
+    def __init__(self, comm):
+        self.comm, self.sent = comm, []
+        atexit.register(self)
+
+    def cancel(self):
+        atexit.unregister(self)
+        self.comm = None
+
+    def __call__(self):
+        comm, self.comm = self.comm, None
+        if comm is None or MPI.Is_finalized() or comm == MPI.COMM_NULL:
+            return
+        size, rank = comm.Get_size(), comm.Get_rank()
+        if size > EXIT_NOTICE_RANKS:
+            return
+        # small messages, sent eagerly; kept referenced until the process ends
+        self.sent = [collectives.isend_object(comm, {"rank": rank, "ended": True}, q, STALL_TAG)
+                     for q in range(size) if q != rank]
+
+
 _CAUSES = ("  likely causes: a rank raised outside mpisphere, returned or exited early, was given the call on some "
            "ranks only (an operator built or called inside 'if rank == ...'), or the ranks make their collective "
            "calls in different orders. MPISPHERE_STALL_REPORT=seconds sets when this report comes (0: never), "
            "MPISPHERE_STALL_DEADLINE=seconds aborts the job after that long.")
 
 
-def report(comm, who, waited, final=False):
+def _notes(comm, found, ended):
+    """Read the stall notes that have arrived on ``comm``: calls into ``found``, ranks that ended into ``ended``."""
+    for source, theirs in collectives.receive_objects(comm, STALL_TAG):
+        if theirs.get("ended"):
+            ended.add(source)
+        else:
+            found[source] = (theirs.get("who", "?"), theirs.get("at"))
+
+
+def _space_notes(comm, ended):
+    """The ranks of ``comm`` that ended, from the notes on the grid's whole communicator (``comm.space``)."""
+    space = getattr(comm, "space", None)
+    if space is None or space is comm or space == MPI.COMM_NULL:
+        return
+    exited = {source for source, theirs in collectives.receive_objects(space, STALL_TAG) if theirs.get("ended")}
+    if exited:
+        ended.update(r for r, s in enumerate(collectives.ranks_in(comm, space)) if s in exited)
+
+
+def report(comm, who, waited, final=False, site=None, ended=None):
     """The stall report of this rank (every waiting rank writes its own), as text.
 
-    Sends this rank's note to every other rank of ``comm``, then collects
-    the notes of the ranks that are waiting too, for up to a few seconds.
+    Sends this rank's note (its call and the user's line that made it) to
+    every other rank of ``comm``, then collects the notes of the ranks that
+    are waiting too, for up to a few seconds. A rank that ended its program
+    with the grid still in use has sent a note of its own (``ExitNotice``);
+    ``ended`` keeps those ranks from one report of a wait to the next.
     """
     rank, size = comm.Get_rank(), comm.Get_size()
-    note = {"rank": rank, "who": who}
+    note = {"rank": rank, "who": who, "at": site}
     sends = [collectives.isend_object(comm, note, q, STALL_TAG) for q in range(size) if q != rank]
-    notes = {rank: who}
+    notes, ended = {rank: (who, site)}, (set() if ended is None else ended)
     start = time.monotonic()
-    while len(notes) < size and time.monotonic() - start < _GATHER:
-        for source, theirs in collectives.receive_objects(comm, STALL_TAG):
-            notes[source] = theirs.get("who", "?")
+    while len(notes) + len(ended - set(notes)) < size and time.monotonic() - start < _GATHER:
+        _notes(comm, notes, ended)
+        _space_notes(comm, ended)
         time.sleep(0.01)
-    same = [r for r, w in notes.items() if w == who]
-    other = {r: w for r, w in notes.items() if w != who}
-    missing = [r for r in range(size) if r not in notes]
+    ended.difference_update(notes)
+    same = [r for r, (w, _) in notes.items() if w == who]
+    other = {r: note for r, note in notes.items() if note[0] != who}
+    missing = [r for r in range(size) if r not in notes and r not in ended]
     lines = [f"mpisphere: rank {rank} of {size} has waited {waited:.0f} s in {who}'s agreement over {_name(comm)}"
+             + (f", called at {site}" if site else "")
              + (" and aborts the job now (MPISPHERE_STALL_DEADLINE)" if final else "") + ".",
              f"  waiting in it too: ranks {_ranks(same)}"]
-    lines += [f"  rank {r} waits in another call: {w}" for r, w in sorted(other.items())]
+    lines += [f"  rank {r} waits in another call: {w}" + (f", called at {at}" if at else "")
+              for r, (w, at) in sorted(other.items())]
+    if ended:
+        lines.append(f"  ended its program (exited with the grid in use, without this call): ranks {_ranks(ended)}")
     lines.append(f"  not arrived: ranks {_ranks(missing)}" if missing else
-                 "  every rank has arrived here or in another call (the calls differ: see above)")
+                 "  every rank has arrived here, in another call or at its end (see above)")
     lines.append(_CAUSES)
     del sends  # small messages, sent eagerly: nothing waits on them
     return "\n".join(lines)
@@ -87,15 +173,16 @@ def wait(request, comm, who):
     if collectives.test(request):
         return
     start = time.monotonic()
-    reported = False
+    reported, ended = False, set()
     while not collectives.test(request):
         waited = time.monotonic() - start
         if not reported and report_after is not None and waited >= report_after:
-            sys.stderr.write(report(comm, who, waited) + "\n")
+            site = call_site()
+            sys.stderr.write(report(comm, who, waited, site=site, ended=ended) + "\n")
             sys.stderr.flush()
             reported = True
         if deadline is not None and waited >= deadline:
-            sys.stderr.write(report(comm, who, waited, final=True) + "\n")
+            sys.stderr.write(report(comm, who, waited, final=True, site=call_site(), ended=ended) + "\n")
             sys.stderr.flush()
             collectives.abort(comm, 1)
         if waited < _SPIN:

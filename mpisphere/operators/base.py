@@ -174,11 +174,14 @@ class LinearOperator(Described):
         if comm is not None:
             raise_everywhere(comm, who, InputError(REFUSED, RuntimeError))
 
-    def _apply(self, direction, x, out, label=None, runner=None, in_place=False):
+    def _apply(self, direction, x, out, label=None, runner=None, in_place=False, purpose=""):
         """Check, allocate, agree, run: the steps of every call (see the module docstring).
 
         ``label`` names the call in messages and in the agreement when it is
-        not the plain direction (``start_forward``, ``update``); ``runner``
+        not the plain direction (``start_forward``, ``update``); ``purpose``
+        is added to what the ranks compare about the call (the PyTorch
+        bridge: whether autograd records it, so that its backward, which
+        communicates too, will run on every rank or on none); ``runner``
         does the work instead of :meth:`_run`; ``in_place`` calls write into
         ``x`` and return it (their result is described by
         :meth:`_output_in_place`, and ``_reserve`` and ``_run`` get ``out is
@@ -213,7 +216,7 @@ class LinearOperator(Described):
                 self._reserve(direction, x, out)
             except Exception as exc:  # noqa: BLE001 -- MemoryError, cupy's OutOfMemoryError, ...
                 error = InputError.from_exception(exc, f"allocating the buffers of this call ({result.describe()})")
-        signature = f"{self._describe()} {label}"
+        signature = f"{self._describe()} {label}{purpose}"
         guard = self._guard()
         if not guard.enter(lambda: self._refuse(comm, who, description, spec, signature)):
             raise RuntimeError(f"{who}: {REFUSED} on this rank; the other ranks raise too when that call ends")

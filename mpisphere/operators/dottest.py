@@ -120,7 +120,7 @@ def dottest(op, x=None, y=None, rtol=1e-13, *, lead=(), dtype=None, seed=0):
             call.fail(f"rtol must be a real number, got {rtol!r}", TypeError)
         # the operator itself agrees in its own calls (copies on sub-communicators may differ between groups)
         call.agree(f"{who}: rtol={rtol!r}, lead={tuple(lead)!r}, dtype={numpy.dtype(dtype).name}, seed={seed!r}, "
-                   f"x {'given' if x is not None else 'drawn'}, y {'given' if y is not None else 'drawn'}")
+                   f"x={'given' if x is not None else 'drawn'}, y={'given' if y is not None else 'drawn'}")
     rng = numpy.random.default_rng([seed, space.Get_rank(), space.Get_size()])
     if x is None:
         x = _random_point(rng, op.domain_shape(lead), dtype, op.domain, seed)
