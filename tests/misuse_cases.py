@@ -25,7 +25,8 @@ import threading
 import numpy
 from mpi4py import MPI
 
-from mpisphere import (CopyTo, DistributedInverseRealSHT, DistributedInverseRealVectorSHT, DistributedRealSHT, DistributedReducedRealSHT,
+from mpisphere import (CopyTo, DistributedInverseRealSHT, DistributedInverseRealVectorSHT, DistributedRealSHT,
+                       DistributedReducedRealSHT,
                        GatherFrom, GatherFromCopyTo, HaloExchange, LinearOperator, PointInterpolation, ProcessGrid,
                        ReduceFrom, RingGeometry, RingTiles, ScatterTo, Transpose, config, dottest, split_sizes)
 from mpisphere.examples import ShallowWaterSolver

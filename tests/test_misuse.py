@@ -65,7 +65,8 @@ EXPECTED = {
                                      r"order on every rank: a call made inside 'if rank == \.\.\.' .*\n.*\n  rank 1 "
                                      r"has: GatherFromCopyTo\(.*\) adjoint"),
     "other_extent": ("ValueError", r"^GatherFrom.forward: the {size} ranks disagree on what they are about to do: "
-                                   r"extent: {most} (6|12), rank 1 (7|13)\n  fix: build GatherFrom with the same extent "
+                                   r"extent: {most} (6|12), rank 1 (7|13)\n  fix: build GatherFrom with the same "
+                                   r"extent "
                                    r"on every rank .*\n.*\n  rank 1 has: GatherFrom\(comm=grid.cart \({size} "
                                    r"ranks\), axis=-1, extent=\d+\)"),
     "sht_lmax": ("ValueError", r"^DistributedRealSHT.forward: the {size} ranks disagree on what they are about to do: "
@@ -81,7 +82,8 @@ EXPECTED = {
     "grid_invalid_dims": ("ValueError", r"^rank 1: ProcessGrid: npolar must be positive, got npolar=0"),
     "debug_on_one_rank": ("ValueError", r"^GatherFrom.forward: the {size} ranks disagree on what they are about to "
                                         r"do: switches: {most} none, rank 1 debug\n  fix: set MPISPHERE_DEBUG and "
-                                        r"MPISPHERE_FORCE_STAGING .* alike on every rank\n.*\n  rank 1 has: .*; debug$"),
+                                        r"MPISPHERE_FORCE_STAGING .* alike on every rank\n.*\n  rank 1 has: .*; "
+                                        r"debug$"),
     "two_threads_on_one_grid": ("RuntimeError", r"^ReduceFrom.forward: refused: another thread was running an "
                                                 r"mpisphere operation on the same grid .*grid\.dup\(\)"),
     # issue 24, class 1: the halo's agreement
@@ -174,7 +176,8 @@ EXPECTED = {
                                                            r"\"orders=balanced\""),
     "set_attrs_values_on_the_last_rank": ("ValueError", r"^FieldStore.set_attrs: the {size} ranks disagree on what "
                                                         r"they are about to do: attrs.a: {first} 1, rank {last} 2\n"
-                                                        r"  fix: pass the same attrs.a on every rank\n.*\n  rank {last} "
+                                                        r"  fix: pass the same attrs.a on every rank\n.*\n  rank "
+                                                        r"{last} "
                                                         r"has: \{{\"attrs\":\{{\"a\":2\}}\}}$"),
     "set_attrs_in_another_key_order_on_the_last_rank": ("returned", None),
     "write_attrs_in_another_key_order_on_the_last_rank": ("returned", None),
@@ -228,13 +231,16 @@ EXPECTED = {
     "free_while_rank_0_transforms": ("ValueError", r"^(ProcessGrid.free|DistributedRealSHT.forward): the {size} ranks "
                                                    r"are in different calls: ({others} in ProcessGrid.free, rank 0 in "
                                                    r"DistributedRealSHT.forward|rank 0 in DistributedRealSHT.forward, "
-                                                   r"{others} in ProcessGrid.free)\n  fix: make the same mpisphere calls "
+                                                   r"{others} in ProcessGrid.free)\n  fix: make the same mpisphere "
+                                                   r"calls "
                                                    r"in the same order on every rank: a call made inside 'if rank == "
                                                    r"\.\.\.'"),
-    "a_call_ahead_on_rank_0": ("ValueError", r"^Distributed(Inverse)?RealSHT.forward: the {size} ranks are in different "
+    "a_call_ahead_on_rank_0": ("ValueError", r"^Distributed(Inverse)?RealSHT.forward: the {size} ranks are in "
+                                             r"different "
                                              r"calls: ({others} in DistributedInverseRealSHT.forward, rank 0 in "
                                              r"DistributedRealSHT.forward|rank 0 in DistributedRealSHT.forward, "
-                                             r"{others} in DistributedInverseRealSHT.forward)\n  fix: make the same mpisphere calls in the "
+                                             r"{others} in DistributedInverseRealSHT.forward)\n  fix: make the same "
+                                             r"mpisphere calls in the "
                                              r"same order on every rank: a call made inside 'if rank == \.\.\.' .*"
                                              r"leaves those ranks a call ahead or behind"),
 }
