@@ -17,6 +17,7 @@ LAUNCHER_VARIABLES = (
     ("OMPI_COMM_WORLD_SIZE", "Open MPI's mpirun"),
     ("PMI_SIZE", "a PMI launcher (MPICH's mpiexec, srun --mpi=pmi2)"),
     ("PMIX_SIZE", "a PMIx launcher"),
+    ("WORLD_SIZE", "torchrun (or another torch.distributed launcher)"),  # last: MPI launchers may set it too
 )
 
 IGNORE_VARIABLE = "MPISPHERE_IGNORE_LAUNCHER"
@@ -42,11 +43,17 @@ def world_mismatch(world_size, environ=None):
             continue
         if started > 1:
             srun = variable.startswith("SLURM")
-            fix = ("choose the PMI plugin your MPI speaks: srun --mpi=pmi2 for the pip MPICH "
-                   "(the mpich extra), srun --mpi=pmix for Open MPI (srun --mpi=list shows what Slurm offers; "
-                   "SLURM_MPI_TYPE sets the default), or launch with the MPI library's own mpiexec"
-                   if srun else "launch with the mpiexec of the MPI library mpi4py loaded "
-                   "(python -m mpisphere diagnose names it)")
+            if srun:
+                fix = ("choose the PMI plugin your MPI speaks: srun --mpi=pmi2 for the pip MPICH "
+                       "(the mpich extra), srun --mpi=pmix for Open MPI (srun --mpi=list shows what Slurm offers; "
+                       "SLURM_MPI_TYPE sets the default), or launch with the MPI library's own mpiexec")
+            elif variable == "WORLD_SIZE":
+                fix = (f"torchrun starts processes without an MPI world: launch with mpiexec -n {started} python "
+                       "script.py (srun under Slurm) instead; PyTorch's own torch.distributed (NCCL, DDP) can then "
+                       "be set up from the MPI ranks (docs/porting.md)")
+            else:
+                fix = ("launch with the mpiexec of the MPI library mpi4py loaded (python -m mpisphere diagnose "
+                       "names it)")
             return (f"{launcher} started {started} processes ({variable}={started}) but MPI.COMM_WORLD has 1 "
                     f"rank: every process is running alone, as its own MPI job. {fix[0].upper()}{fix[1:]}. "
                     f"Set {IGNORE_VARIABLE}=1 if the processes are meant to run alone.")

@@ -89,7 +89,7 @@ class RingTiles:
     @property
     def longitudes(self):
         """Longitude (radians) of each of this rank's points, ``(npoints,)``."""
-        return self.rings.longitudes()[self.point_indices()]
+        return self.rings.longitudes[self.point_indices()]
 
     @property
     def ring_colatitudes(self):

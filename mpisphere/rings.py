@@ -26,6 +26,7 @@ nearly equal numbers of points (the polar ranks' shares).
 """
 
 import hashlib
+import warnings
 
 import numpy
 
@@ -145,15 +146,21 @@ class RingGeometry:
         """The ring index of every point, ``(npoints,)``."""
         return numpy.repeat(numpy.arange(self.nrings), self.nlon)
 
+    @property
     def colatitudes(self):
-        """Colatitude (radians) of every point, ``(npoints,)``."""
-        return numpy.repeat(self.theta, self.nlon)
+        """Colatitude (radians) of every point, ``(npoints,)``: an array, as ``RingTiles.colatitudes``.
 
+        (Called as a method until 0.4, which still works for one release with
+        a ``DeprecationWarning``.)
+        """
+        return _FormerMethod.of(numpy.repeat(self.theta, self.nlon), "colatitudes")
+
+    @property
     def longitudes(self):
-        """Longitude (radians, eastward from ``phi0``) of every point, ``(npoints,)``."""
+        """Longitude (radians, eastward from ``phi0``) of every point, ``(npoints,)``: an array (see ``colatitudes``)."""
         ring = self.ring_of_points()
         k = numpy.arange(self.npoints) - self.offsets[ring]
-        return self.phi0[ring] + 2.0 * numpy.pi * k / self.nlon[ring]
+        return _FormerMethod.of(self.phi0[ring] + 2.0 * numpy.pi * k / self.nlon[ring], "longitudes")
 
     def __eq__(self, other):
         return isinstance(other, RingGeometry) and self._digest == other._digest and self.lmax == other.lmax
@@ -165,6 +172,30 @@ class RingGeometry:
         # what the ranks compare when they agree on a transform: the rings by value (a digest), not by identity
         return (f"RingGeometry({self.name!r}, nrings={self.nrings}, npoints={self.npoints}, lmax={self.lmax}, "
                 f"rings={self._digest})")
+
+
+class _FormerMethod(numpy.ndarray):
+    """The array a former method now is: calling it returns it, with a ``DeprecationWarning`` (for 0.4 only).
+
+    Anything computed from it is a plain ``numpy.ndarray``.
+    """
+
+    @classmethod
+    def of(cls, values, name):
+        array = values.view(cls)
+        array._name = name
+        return array
+
+    def __call__(self):
+        warnings.warn(f"RingGeometry.{getattr(self, '_name', 'colatitudes')} is an array (a property) since 0.4, "
+                      "as RingTiles' are: drop the call's parentheses; calling it stops working in the next release",
+                      DeprecationWarning, stacklevel=2)
+        return self.view(numpy.ndarray)
+
+    def __array_wrap__(self, array, context=None, return_scalar=False):
+        if return_scalar:
+            return array[()]
+        return array.view(numpy.ndarray) if isinstance(array, numpy.ndarray) else array
 
 
 def balanced_ring_split(nlon, parts):

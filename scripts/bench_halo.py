@@ -12,6 +12,13 @@ machine hits every case alike):
 ``raw``
     one ``Sendrecv`` of pre-packed contiguous buffers per neighbour and
     direction (the reference; it makes none of the copies a tile needs);
+``hand-written update`` / ``hand-written accumulate``
+    the halo a user writes by hand in mpi4py on the same tile, the yardstick
+    of the halo's speed: each block packed into a preallocated buffer
+    (``numpy.copyto``), one ``Sendrecv`` per neighbour and direction,
+    unpacked (added onto the owner's rows for ``accumulate``, then the halo
+    zeroed); columns then rows (rows then columns for ``accumulate``), a
+    one-rank ring wrapped by copies, zeros past the poles;
 ``copies``
     the message path's copies alone, no MPI: pack and unpack every block,
     wrap a one-rank ring, zero the rows past the poles;
@@ -57,6 +64,61 @@ def raw_halo(grid, batch, h, w, rows, cols, dtype):
             grid.polar.Sendrecv([row_out, t], north, 3, [row_in, t], south, 3)
             grid.polar.Sendrecv([row_out, t], south, 4, [row_in, t], north, 4)
     return run
+
+
+def hand_written_halo(grid, padded, rows, cols):
+    """``(update, accumulate)`` as a user writes them in mpi4py: preallocated buffers, copyto, Sendrecv, unpack."""
+    t = collectives.mpi_type(padded.dtype)
+    lead = padded.shape[:-2]
+    h, w = padded.shape[-2] - 2 * rows, padded.shape[-1] - 2 * cols
+    north, south = grid.polar_neighbors
+    west, east = grid.azimuth_neighbors
+    col_out, col_in = numpy.empty(lead + (h, cols), padded.dtype), numpy.empty(lead + (h, cols), padded.dtype)
+    row_out = numpy.empty(lead + (rows, w + 2 * cols), padded.dtype)
+    row_in = numpy.empty_like(row_out)
+    inner = slice(rows, rows + h)
+    # (send from, receive into) for each direction: columns east then west, rows south then north
+    east_cols = (slice(w, w + cols), slice(0, cols))
+    west_cols = (slice(cols, 2 * cols), slice(w + cols, w + 2 * cols))
+    south_rows = (slice(h, h + rows), slice(0, rows))
+    north_rows = (slice(rows, 2 * rows), slice(h + rows, h + 2 * rows))
+
+    def update():
+        for dest, source, tag, (send, recv) in ((east, west, 1, east_cols), (west, east, 2, west_cols)):
+            if grid.nazimuth == 1:
+                padded[..., inner, recv] = padded[..., inner, send]
+                continue
+            numpy.copyto(col_out, padded[..., inner, send])
+            grid.azimuth.Sendrecv([col_out, t], dest, tag, [col_in, t], source, tag)
+            padded[..., inner, recv] = col_in
+        for dest, source, tag, (send, recv) in ((south, north, 3, south_rows), (north, south, 4, north_rows)):
+            if source == MPI.PROC_NULL:
+                padded[..., recv, :] = 0
+            if dest == MPI.PROC_NULL and source == MPI.PROC_NULL:
+                continue
+            numpy.copyto(row_out, padded[..., send, :])
+            grid.polar.Sendrecv([row_out, t], dest, tag, [row_in, t], source, tag)
+            if source != MPI.PROC_NULL:
+                padded[..., recv, :] = row_in
+
+    def accumulate():
+        # the reverse: each halo block goes back to its owner, which adds it onto the rows it lent
+        for dest, source, tag, (send, recv) in ((north, south, 3, south_rows), (south, north, 4, north_rows)):
+            if dest != MPI.PROC_NULL or source != MPI.PROC_NULL:
+                numpy.copyto(row_out, padded[..., recv, :])
+                grid.polar.Sendrecv([row_out, t], dest, tag, [row_in, t], source, tag)
+                if source != MPI.PROC_NULL:
+                    padded[..., send, :] += row_in
+            padded[..., recv, :] = 0
+        for dest, source, tag, (send, recv) in ((west, east, 1, east_cols), (east, west, 2, west_cols)):
+            if grid.nazimuth == 1:
+                padded[..., inner, send] += padded[..., inner, recv]
+            else:
+                numpy.copyto(col_out, padded[..., inner, recv])
+                grid.azimuth.Sendrecv([col_out, t], dest, tag, [col_in, t], source, tag)
+                padded[..., inner, send] += col_in
+            padded[..., inner, recv] = 0
+    return update, accumulate
 
 
 def message_copies(halo, padded):
@@ -130,6 +192,16 @@ def bench_case(grid, args, batch, width):
     rng = numpy.random.default_rng(grid.rank)
     plain = rng.standard_normal((batch, h + 2 * width, w + 2 * width)).astype(dtype)
     cases = {"raw": raw_halo(grid, batch, h, w, width, width, dtype)}
+    by_hand = plain.copy()
+    cases["hand-written update"], cases["hand-written accumulate"] = hand_written_halo(grid, by_hand, width, width)
+    # the yardstick computes what the halo computes: checked once, bit for bit, before anything is timed
+    for ours, theirs in ((halo.update, cases["hand-written update"]),
+                         (halo.accumulate, cases["hand-written accumulate"])):
+        by_hand[...] = plain
+        expected = ours(plain.copy())
+        theirs()
+        if not numpy.array_equal(by_hand, expected):
+            raise AssertionError(f"rank {grid.rank}: the hand-written halo differs from HaloExchange's")
     has_shared = hasattr(halo, "zeros") and not args.plain_only
     if has_shared:
         cases["copies"] = message_copies(halo, plain)
@@ -161,13 +233,16 @@ def bench_case(grid, args, batch, width):
     if "copies" in times:
         floor = times["copies"] + raw  # round by round: what a packing exchange cannot go below
     for name, t in times.items():
+        # against the hand-written halo of the same direction (the yardstick), round by round
+        by_hand = times["hand-written accumulate" if "accumulate" in name else "hand-written update"]
         row = {"grid": f"{grid.npolar}x{grid.nazimuth}", "fields": batch, "width": width, "case": name,
                "median_ms": float(numpy.median(t)), "min_ms": float(t.min()), "max_ms": float(t.max()),
-               "ratio_raw": float(numpy.median(t / raw)),
+               "ratio_raw": float(numpy.median(t / raw)), "ratio_hand_written": float(numpy.median(t / by_hand)),
                "ratio_copies_plus_raw": None if floor is None else float(numpy.median(t / floor))}
         rows.append(row)
         if grid.rank == 0:
-            extra = "" if floor is None else f"  x{row['ratio_copies_plus_raw']:5.2f} (copies + raw)"
+            extra = f"  x{row['ratio_hand_written']:5.2f} hand-written"
+            extra += "" if floor is None else f"  x{row['ratio_copies_plus_raw']:5.2f} (copies + raw)"
             print(f"{row['grid']:>4} {batch:3d} fields  width {width}  {name:36s} {row['median_ms']:8.3f} ms "
                   f"[{row['min_ms']:7.3f}..{row['max_ms']:7.3f}]  x{row['ratio_raw']:5.2f} raw{extra}", flush=True)
     if has_shared:

@@ -32,8 +32,8 @@ def main():
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        lon = numpy.degrees(rings.longitudes())
-        lat = 90 - numpy.degrees(rings.colatitudes())
+        lon = numpy.degrees(rings.longitudes)
+        lat = 90 - numpy.degrees(rings.colatitudes)
         fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), constrained_layout=True)
         shown = axes[0].scatter(lon, lat, c=field, s=4, cmap="RdBu_r")
         fig.colorbar(shown, ax=axes[0], shrink=0.8)

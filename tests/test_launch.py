@@ -26,3 +26,9 @@ def test_world_mismatch_reads_every_launcher():
     assert "OMPI_COMM_WORLD_SIZE=2" in world_mismatch(1, {"OMPI_COMM_WORLD_SIZE": "2"})
     assert "PMI_SIZE=3" in world_mismatch(1, {"PMI_SIZE": "3"})
     assert world_mismatch(1, {"PMI_SIZE": "1"}) is None
+    # torchrun starts no MPI world: every process is a world of one
+    message = world_mismatch(1, {"WORLD_SIZE": "4", "LOCAL_RANK": "2"})
+    assert message.startswith("torchrun (or another torch.distributed launcher) started 4 processes (WORLD_SIZE=4) "
+                              "but MPI.COMM_WORLD has 1 rank"), message
+    assert "launch with mpiexec -n 4 python script.py (srun under Slurm) instead" in message, message
+    assert world_mismatch(4, {"WORLD_SIZE": "4"}) is None

@@ -81,7 +81,21 @@ def test_octahedral_rings_are_ecmwf_s():
     assert o32.nlon[:3].tolist() == [20, 24, 28] and o32.nlon[31] == o32.nlon[32] == 20 + 4 * 31
     assert numpy.array_equal(o32.nlon, o32.nlon[::-1])
     numpy.testing.assert_allclose(o32.weights.sum(), 2.0, rtol=1e-14)
-    numpy.testing.assert_allclose(o32.longitudes()[o32.offsets[1]:o32.offsets[2]], 2 * numpy.pi * numpy.arange(24) / 24)
+    numpy.testing.assert_allclose(o32.longitudes[o32.offsets[1]:o32.offsets[2]], 2 * numpy.pi * numpy.arange(24) / 24)
+
+
+def test_colatitudes_and_longitudes_are_arrays_and_calling_them_is_deprecated():
+    """One convention with RingTiles (properties); the 0.3 spelling works for one release, with a warning."""
+    rings = RingGeometry.octahedral(4)
+    theta = numpy.repeat(rings.theta, rings.nlon)
+    numpy.testing.assert_array_equal(rings.colatitudes, theta)
+    assert type(numpy.pi / 2 - rings.colatitudes) is numpy.ndarray and type(rings.longitudes.sum()) is numpy.float64
+    with pytest.warns(DeprecationWarning, match=r"RingGeometry.colatitudes is an array \(a property\) since 0.4"):
+        called = rings.colatitudes()
+    assert type(called) is numpy.ndarray
+    numpy.testing.assert_array_equal(called, theta)
+    with pytest.warns(DeprecationWarning, match="RingGeometry.longitudes"):
+        numpy.testing.assert_array_equal(rings.longitudes(), rings.longitudes)
 
 
 def test_balanced_ring_split_balances_points_not_rings():
@@ -115,7 +129,7 @@ def test_tiles_cover_every_point_once_and_scatter_gather_round_trip(grid, rng):
     whole = rng.standard_normal((2, rings.npoints))
     part = tiles.scatter(whole if grid.rank == 0 else None)
     assert numpy.array_equal(part, whole[..., tiles.point_indices()])
-    numpy.testing.assert_array_equal(tiles.longitudes, rings.longitudes()[tiles.point_indices()])
+    numpy.testing.assert_array_equal(tiles.longitudes, rings.longitudes[tiles.point_indices()])
     back = tiles.gather(part)
     if grid.rank == 0:
         assert numpy.array_equal(back, whole)
@@ -314,8 +328,8 @@ def test_point_interpolation_on_rings(grid):
     assert abs(got - numpy.sin(lats[op.indices])).max() <= 2e-3
     # the ring values themselves at their own points
     on = numpy.array([0, 7, 300, rings.npoints - 1])
-    exact = mpisphere.PointInterpolation(grid, rings, None, 0.5 * numpy.pi - rings.colatitudes()[on],
-                                         rings.longitudes()[on])
+    exact = mpisphere.PointInterpolation(grid, rings, None, 0.5 * numpy.pi - rings.colatitudes[on],
+                                         rings.longitudes[on])
     whole = rng.standard_normal(rings.npoints)
     values = exact.forward(whole[tiles.point_indices()])
     assert numpy.allclose(values, whole[on[exact.indices]], rtol=0, atol=1e-12)

@@ -2,10 +2,10 @@
 
 The ranks compare descriptions such as ``DistributedRealSHT(grid=..., nlat=64,
 ...) forward: shape ('*', '*') float64 on host`` (an operator's call),
-``{"root":1}`` (a :class:`~mpisphere.agreement.Call`'s values) or
+``{"root":1}`` (a ``Call``'s values) or
 ``HaloExchange(grid=..., rows=2, ...)`` (a construction). When they differ,
 the whole descriptions (often hundreds of characters each) hide the one
-field that does; :func:`what_differs` names it::
+field that does; ``what_differs`` names it::
 
     nlat: ranks 0-2 64, rank 3 65
 

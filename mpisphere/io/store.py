@@ -442,10 +442,10 @@ class FieldStore:
 
     def _write_plane_coordinates(self, group, kind, meta, rings=None):
         if kind == "points":
-            values = {"lat": (90.0 - numpy.degrees(rings.colatitudes()), {
+            values = {"lat": (90.0 - numpy.degrees(rings.colatitudes), {
                           "units": "degrees_north", "standard_name": "latitude", "long_name": "latitude",
                           "grid": rings.name}),
-                      "lon": (numpy.degrees(rings.longitudes()), {
+                      "lon": (numpy.degrees(rings.longitudes), {
                           "units": "degrees_east", "standard_name": "longitude", "long_name": "longitude"})}
             dimension = {"lat": ("point",), "lon": ("point",)}
         elif kind == "tiles":
