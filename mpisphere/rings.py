@@ -157,7 +157,7 @@ class RingGeometry:
 
     @property
     def longitudes(self):
-        """Longitude (radians, eastward from ``phi0``) of every point, ``(npoints,)``: an array (see ``colatitudes``)."""
+        """Longitude (radians, eastward from ``phi0``) of every point, ``(npoints,)``: an array, as ``colatitudes``."""
         ring = self.ring_of_points()
         k = numpy.arange(self.npoints) - self.offsets[ring]
         return _FormerMethod.of(self.phi0[ring] + 2.0 * numpy.pi * k / self.nlon[ring], "longitudes")
