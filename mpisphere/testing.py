@@ -367,7 +367,7 @@ class MpiLaunch(pytest.Item):
         passed = _all_passed(self.progress)
         if passed and "status" in what:
             # nothing in the tests failed: say so first, and what did (a rank's pytest session after its tests)
-            tests = (f" after all {passed} of its tests passed: the failure is outside the tests, in a rank's "
+            tests = (f" after all its tests passed ({passed}): the failure is outside the tests, in a rank's "
                      f"pytest session: {_session_failure(self.hangs, text)}.")
         return (f"MPI launch on {self.nranks} rank(s) {what}{tests}\ncommand: {shlex.join(cmd)}\n"
                 f"--- output ---\n{text}{hint}")
