@@ -21,7 +21,9 @@ Four strategies
       that communicates on it: one ``Allreduce`` (MAX) of six integers (an
       error flag, two digests and their negations, the CUDA-aware flag);
       the full descriptions are exchanged only when something differs,
-      then every rank raises the same error naming who has what.
+      then every rank raises the same error, whose first line names what
+      differs (``nlat: ranks 0-2 64, rank 3 65``) or the call each rank is
+      in, then the fix, then each rank's description.
     * ``NeighbourRound``, with the neighbours of a grid, for halo
       exchanges: the record travels in front of the data (a header of eight
       integers before every data message, which announces the data's size),
@@ -55,13 +57,14 @@ Threads
     never part of what is compared.
 
 Only :mod:`mpisphere.collectives` is used to talk to MPI. The package's
-modules: :mod:`.spec`, :mod:`.description`, :mod:`.stall`,
+modules: :mod:`.spec`, :mod:`.description`, :mod:`.differing` (what
+differs between the ranks' descriptions, named field by field), :mod:`.stall`,
 :mod:`.collective` (over a communicator), :mod:`.call` (the protocol),
 :mod:`.neighbours` (with the neighbours), :mod:`.guard` (threads).
 """
 
 from .call import Call, canonical, collective, finding
-from .collective import agree, agree_construction, as_exception, cause_first, differences, raise_everywhere, settle
+from .collective import agree, agree_construction, as_exception, cause_first, raise_everywhere, settle
 from .description import Described, call_description, describe_value, description_of, digest
 from .guard import REFUSED, CallGuard
 from .neighbours import HEADER_BYTES, NeighbourRound, message_buffer
@@ -91,5 +94,4 @@ __all__ = [
     "REFUSED",
     "as_exception",
     "cause_first",
-    "differences",
 ]

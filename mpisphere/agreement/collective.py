@@ -12,24 +12,6 @@ from .spec import Context
 from .stall import wait
 
 
-def differences(texts, ranks=None):
-    """A message naming who has what, when ``texts`` (one per rank) are not all equal; ``""`` otherwise.
-
-    The fields that differ first (``nlat: ranks 0-2 64, rank 3 65``), then,
-    where the texts cannot be compared field by field, who has which text
-    (the largest group first, so with more than two ranks the odd one out is
-    the rank named alone).
-    """
-    ordered = grouped(texts, ranks)
-    if len(ordered) < 2:
-        return ""
-    summary, _ = what_differs(texts, ranks)
-    if summary:
-        return summary
-    parts = [f"{ranks_text(rs)} {'has' if len(rs) == 1 else 'have'}: {d}" for d, rs in ordered[:4]]
-    return " | ".join(parts) + (f" | and {len(ordered) - 4} more variants" if len(ordered) > 4 else "")
-
-
 def cause_first(text, after):
     """A finding's cause (its first line); its other lines (what to do, details) go onto ``after``, each once."""
     cause, *rest = text.split("\n")
