@@ -86,3 +86,27 @@ def test_the_guard_refuses_another_thread_and_runs_its_refusal_on_leaving():
     assert guard.enter(lambda: ran.append("never"))
     guard.leave()
     assert ran == ["refusal"]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("debug", [False, True], ids=["debug-off", "debug-on"])
+def test_a_composition_with_a_part_on_a_sub_communicator_agrees_and_reports(grid, debug):
+    """The agreement over the grid with a part on grid.polar: each rank's group is named in what is gathered.
+
+    Debug mode gathers every part always; a finding on one rank gathers them too.
+    """
+    from mpisphere import DistributedInverseRealSHT, DistributedRealSHT, GatherFromCopyTo, config
+    nlat, nlon = 13, 24
+    sht = DistributedRealSHT(grid, nlat, nlon, quadrature="legendre-gauss")
+    isht = DistributedInverseRealSHT(grid, nlat, nlon, quadrature="legendre-gauss")
+    filtered = GatherFromCopyTo(grid.polar, axis=-2, extent=nlat) @ isht @ sht
+    x = numpy.ones((2,) + sht.tile_shape)
+    with config.override(debug=debug):
+        assert filtered.forward(x).shape == (2, nlat, sht.tile_shape[1])
+        if grid.size == 1:
+            return
+        last = grid.size - 1
+        bad = numpy.ones((3,) + sht.tile_shape) if grid.rank == last else x  # a batch of 3 on the last rank
+        with raises(ValueError, match=rf"^(GatherFromCopyTo @ DistributedInverseRealSHT @ DistributedRealSHT)"
+                                      rf"\.forward: the {grid.size} ranks disagree on what they are about to do: "):
+            filtered.forward(bad)

@@ -158,7 +158,7 @@ def _group_id(comm, space):
     """The space rank of ``comm``'s rank 0: the same on every member of ``comm``, different between groups."""
     if comm is space:
         return 0
-    return int(MPI.Group.Translateranks_text(comm.Get_group(), [0], space.Get_group())[0])
+    return int(MPI.Group.Translate_ranks(comm.Get_group(), [0], space.Get_group())[0])
 
 
 def _reduce(comm, flags, who):
