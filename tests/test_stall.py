@@ -69,8 +69,8 @@ def test_a_call_made_on_some_ranks_only_is_reported_and_aborted():
         assert f"mpisphere: rank {rank} of 3 has waited" in output, output
     assert "in ReduceFrom.forward's agreement over grid.cart (3 ranks)" in output, output
     # rank 2 went on to the end of its program, with the grid in use: named so once its note has come
-    assert "waiting in it too: ranks 0, 1" in output and ("not arrived: ranks 2" in output or "ended its program "
-                                                          "(exited with the grid in use, without this call): ranks 2"
+    assert "waiting in it too: ranks 0, 1" in output and ("not arrived: rank 2" in output or "ended its program "
+                                                          "(exited with the grid in use, without this call): rank 2"
                                                           in output), output
     assert "aborts the job now (MPISPHERE_STALL_DEADLINE)" in output, output
     # where each waiting rank made the call (the program is given with -c: '<string>', after its header)
@@ -80,14 +80,14 @@ def test_a_call_made_on_some_ranks_only_is_reported_and_aborted():
 def test_a_rank_that_exits_early_is_named():
     code, output = launch("rank_exits_early")
     assert code != 0, output
-    assert "not arrived: ranks 2" in output and "likely causes: a rank raised outside mpisphere" in output, output
+    assert "not arrived: rank 2" in output and "likely causes: a rank raised outside mpisphere" in output, output
 
 
 def test_a_halo_neighbour_that_never_sends_is_named():
     code, output = launch("halo_neighbour_missing")
     assert code != 0, output
     assert "rank 1 of 3 has waited" in output and "in HaloExchange.forward for its neighbours" in output, output
-    assert "not arrived: the messages of ranks 2" in output, output
+    assert "not arrived: the messages of rank 2" in output, output
 
 
 def test_no_report_before_its_time():
@@ -104,5 +104,5 @@ def test_the_report_names_the_call_site_and_a_rank_that_ended_its_program():
     # the user's line that waits (the program is given with -c: '<string>', line 5 of the program with its header)
     site = 5 + len(HEADER.splitlines())
     assert f"in ReduceFrom.forward's agreement over grid.cart (3 ranks), called at <string>:{site}." in output, output
-    assert "ended its program (exited with the grid in use, without this call): ranks 2" in output, output
+    assert "ended its program (exited with the grid in use, without this call): rank 2" in output, output
     assert "not arrived" not in output.split("aborts the job now")[0], output

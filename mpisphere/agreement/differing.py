@@ -30,8 +30,10 @@ _MACHINE = "machine("
 
 
 def ranks_text(ranks):
-    """``"rank 3"``, ``"ranks 0-2"``, ``"ranks 1, 3"``."""
+    """``"rank 3"``, ``"ranks 0-2"``, ``"ranks 1, 3"`` (``"no rank"`` for none)."""
     ranks = sorted(ranks)
+    if not ranks:
+        return "no rank"
     if len(ranks) == 1:
         return f"rank {ranks[0]}"
     if ranks == list(range(ranks[0], ranks[-1] + 1)) and len(ranks) > 2:
@@ -48,34 +50,12 @@ def grouped(texts, ranks=None):
     return sorted(groups.items(), key=lambda item: (-len(item[1]), item[1][0]))
 
 
-def _split_top(text, separator):
-    """``text`` split at ``separator`` where it is outside brackets and quotes."""
-    parts, depth, quote, start, i = [], 0, None, 0, 0
-    while i < len(text):
-        c = text[i]
-        if quote:
-            if c == "\\":
-                i += 1
-            elif c == quote:
-                quote = None
-        elif c in "'\"":
-            quote = c
-        elif c in _OPEN:
-            depth += 1
-        elif c in _CLOSE:
-            depth = max(0, depth - 1)
-        elif depth == 0 and text.startswith(separator, i):
-            parts.append(text[start:i])
-            i += len(separator)
-            start = i
-            continue
-        i += 1
-    parts.append(text[start:])
-    return parts
+def _unquoted(text, start=0):
+    """``(index, depth)`` of each character of ``text`` from ``start`` outside quotes.
 
-
-def _closing(text, start):
-    """The index of the bracket that closes the one at ``start`` (quotes respected), or -1."""
+    ``depth`` is the number of brackets open after the character: a closing
+    bracket reports the depth it returns to (never below 0).
+    """
     depth, quote, i = 0, None, start
     while i < len(text):
         c = text[i]
@@ -86,13 +66,28 @@ def _closing(text, start):
                 quote = None
         elif c in "'\"":
             quote = c
-        elif c in _OPEN:
-            depth += 1
-        elif c in _CLOSE:
-            depth -= 1
-            if depth == 0:
-                return i
+        else:
+            depth = depth + 1 if c in _OPEN else max(0, depth - 1) if c in _CLOSE else depth
+            yield i, depth
         i += 1
+
+
+def _split_top(text, separator):
+    """``text`` split at ``separator`` where it is outside brackets and quotes."""
+    parts, start = [], 0
+    for i, depth in _unquoted(text):
+        if i >= start and depth == 0 and text[i] not in _CLOSE and text.startswith(separator, i):
+            parts.append(text[start:i])
+            start = i + len(separator)
+    parts.append(text[start:])
+    return parts
+
+
+def _closing(text, start):
+    """The index of the bracket that closes the one at ``start`` (quotes respected), or -1."""
+    for i, depth in _unquoted(text, start):
+        if depth == 0 and text[i] in _CLOSE:
+            return i
     return -1
 
 

@@ -26,6 +26,7 @@ from mpi4py import MPI
 
 from .. import collectives
 from ..settings import config
+from .differing import ranks_text
 
 __all__ = ["wait", "Watch", "STALL_TAG", "ExitNotice", "call_site"]
 
@@ -33,15 +34,6 @@ STALL_TAG = 0x6D7374
 _SPIN = 0.05          # seconds of yielding polls before the loop sleeps between them
 _NAP = 0.001          # the sleep of a long wait: its latency once a wait has lasted _SPIN
 _GATHER = 2.0         # seconds the report waits for the other ranks' notes
-
-
-def _ranks(ranks):
-    ranks = sorted(ranks)
-    if not ranks:
-        return "none"
-    if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)):
-        return f"{ranks[0]}-{ranks[-1]}"
-    return ", ".join(map(str, ranks[:12])) + (", ..." if len(ranks) > 12 else "")
 
 
 def _name(comm):
@@ -155,12 +147,12 @@ def report(comm, who, waited, final=False, site=None, ended=None):
     lines = [f"mpisphere: rank {rank} of {size} has waited {waited:.0f} s in {who}'s agreement over {_name(comm)}"
              + (f", called at {site}" if site else "")
              + (" and aborts the job now (MPISPHERE_STALL_DEADLINE)" if final else "") + ".",
-             f"  waiting in it too: ranks {_ranks(same)}"]
+             f"  waiting in it too: {ranks_text(same)}"]
     lines += [f"  rank {r} waits in another call: {w}" + (f", called at {at}" if at else "")
               for r, (w, at) in sorted(other.items())]
     if ended:
-        lines.append(f"  ended its program (exited with the grid in use, without this call): ranks {_ranks(ended)}")
-    lines.append(f"  not arrived: ranks {_ranks(missing)}" if missing else
+        lines.append(f"  ended its program (exited with the grid in use, without this call): {ranks_text(ended)}")
+    lines.append(f"  not arrived: {ranks_text(missing)}" if missing else
                  "  every rank has arrived here, in another call or at its end (see above)")
     lines.append(_CAUSES)
     del sends  # small messages, sent eagerly: nothing waits on them
@@ -222,7 +214,7 @@ class Watch:
             sys.stderr.write(
                 f"mpisphere: rank {rank} of {size} has waited {waited:.0f} s in {self.who} for its neighbours"
                 + (" and aborts the job now (MPISPHERE_STALL_DEADLINE)" if final else "") + ".\n"
-                f"  not arrived: the messages of ranks {_ranks(pending)}\n  arrived: ranks {_ranks(arrived)}\n"
+                f"  not arrived: the messages of {ranks_text(pending)}\n  arrived: {ranks_text(arrived)}\n"
                 + _CAUSES + "\n")
             sys.stderr.flush()
             self.reported = True
