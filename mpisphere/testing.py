@@ -724,12 +724,10 @@ class InnerPlugin:
         if self.progress is not None:
             self.progress.close()
         if self.own_temp is not None and not self.any_failed:
-            # every rank has finished its tests (the last meeting), but maybe not its own clean-up of its folder
-            request = self.comm.Ibarrier()
-            deadline = time.monotonic() + self.grace
-            while not request.Test() and time.monotonic() < deadline:
-                time.sleep(0.001)
-            if self.rank == 0 and request.Test():
+            # every rank has finished its tests (the last meeting), but maybe not its own clean-up of its folder:
+            # one more meeting (the harness's one wait), then rank 0 removes the folders
+            self._meet(False, "the end of the session", "unconfigure", None)
+            if self.rank == 0:
                 shutil.rmtree(self.own_temp, ignore_errors=True)
 
     def pytest_terminal_summary(self, terminalreporter):
