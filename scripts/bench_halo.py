@@ -234,10 +234,10 @@ def bench_case(grid, args, batch, width):
         floor = times["copies"] + raw  # round by round: what a packing exchange cannot go below
     for name, t in times.items():
         # against the hand-written halo of the same direction (the yardstick), round by round
-        by_hand = times["hand-written accumulate" if "accumulate" in name else "hand-written update"]
+        yardstick = times["hand-written accumulate" if "accumulate" in name else "hand-written update"]
         row = {"grid": f"{grid.npolar}x{grid.nazimuth}", "fields": batch, "width": width, "case": name,
                "median_ms": float(numpy.median(t)), "min_ms": float(t.min()), "max_ms": float(t.max()),
-               "ratio_raw": float(numpy.median(t / raw)), "ratio_hand_written": float(numpy.median(t / by_hand)),
+               "ratio_raw": float(numpy.median(t / raw)), "ratio_hand_written": float(numpy.median(t / yardstick)),
                "ratio_copies_plus_raw": None if floor is None else float(numpy.median(t / floor))}
         rows.append(row)
         if grid.rank == 0:

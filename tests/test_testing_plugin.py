@@ -52,11 +52,17 @@ def test_rank_0_waits_for_a_message_that_never_comes(comm):
 '''
 
 
-def run_project(tmp_path, source, *args, timeout=300):
+def user_project(tmp_path, source, *args):
+    """Write the user's test file; the command that runs their suite, and its environment."""
     (tmp_path / "test_user.py").write_text(textwrap.dedent(source))
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
     command = [sys.executable, "-m", "pytest", "-p", "mpisphere.testing", "-p", "no:cacheprovider", "--color=no",
                "--rootdir", str(tmp_path), *args]
+    return command, env
+
+
+def run_project(tmp_path, source, *args, timeout=300):
+    command, env = user_project(tmp_path, source, *args)
     try:
         done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
@@ -295,10 +301,8 @@ def run_in_a_terminal(tmp_path, source, *args, timeout=300):
     """``run_project`` with stdin, stdout and stderr on a pseudo-terminal, as a user at a terminal runs it."""
     import pty
     import select
-    (tmp_path / "test_user.py").write_text(textwrap.dedent(source))
-    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", TERM="xterm")
-    command = [sys.executable, "-m", "pytest", "-p", "mpisphere.testing", "-p", "no:cacheprovider", "--color=no",
-               "--rootdir", str(tmp_path), *args]
+    command, env = user_project(tmp_path, source, *args)
+    env["TERM"] = "xterm"
     controller, terminal = pty.openpty()
     proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdin=terminal, stdout=terminal, stderr=terminal,
                             close_fds=True)
