@@ -397,6 +397,7 @@ HANGS_VARIABLE = "MPISPHERE_TEST_HANGS"  # a directory: each rank's per-test wat
 BASETEMP_VARIABLE = "MPISPHERE_TEST_BASETEMP"  # a directory: each rank's pytest basetemp is rank-<r> in it
 SESSION_END = "session-end-rank-"  # in HANGS_VARIABLE: a rank's session that failed after its tests, and why
 MEET_SPIN = 0.1  # seconds a rank polls the meeting by yielding the core before it naps between polls
+MEET_MARGIN = 2.0  # seconds a rank waiting in a meeting outlives the per-test timeout of a rank stuck in the test
 PROGRESS_SECONDS = float(os.environ.get("MPISPHERE_TEST_PROGRESS_SECONDS", "5"))  # at most one line this often
 
 
@@ -691,6 +692,7 @@ class InnerPlugin:
         self.hangs = os.environ.get(HANGS_VARIABLE)
         self.watchdog = open(os.path.join(self.hangs, f"rank-{self.rank}.txt"), "w") if self.hangs else self.err
         self.any_failed = False  # some rank failed some phase (the same on every rank: known from the meetings)
+        self._deadline = None  # when the running test's time is up (its watchdog fires): set per test
         self.own_temp = self._own_basetemp(config)
         if self.rank != 0:
             sys.stdout = open(os.devnull, "w")  # the terminal reporter, created next, writes here
@@ -726,7 +728,7 @@ class InnerPlugin:
         if self.own_temp is not None and not self.any_failed:
             # every rank has finished its tests (the last meeting), but maybe not its own clean-up of its folder:
             # one more meeting (the harness's one wait), then rank 0 removes the folders
-            self._meet(False, "the end of the session", "unconfigure", None)
+            self._meet(False, "the end of the session", "unconfigure", None, rearm=False)
             if self.rank == 0:
                 shutil.rmtree(self.own_temp, ignore_errors=True)
 
@@ -784,7 +786,8 @@ class InnerPlugin:
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_protocol(self, item, nextitem):
-        faulthandler.dump_traceback_later(self.test_timeout, exit=True, file=self.watchdog)
+        self._deadline = time.monotonic() + self.test_timeout
+        self._arm()
         try:
             return (yield)
         finally:
@@ -812,13 +815,20 @@ class InnerPlugin:
             self.err.write(f"\n___ {item.nodeid} FAILED ({call.when}) ___\n{report.longreprtext}\n")
         return report
 
-    def _meet(self, failed, nodeid, when, text):
+    def _meet(self, failed, nodeid, when, text, rearm=True):
         """Whether any rank failed this phase: one non-blocking maximum of a flag, polled.
 
         A rank whose phase failed waits ``--mpi-grace`` seconds; if the others
         never arrive (they wait in a collective it never entered) it prints its
-        failure and aborts the job.
+        failure and aborts the job. ``rearm``: while a rank waits here, its
+        per-test watchdog runs ``MEET_MARGIN`` seconds past the test's deadline,
+        so that a rank still stuck in the test is the one whose watchdog fires
+        and reports where it is (under load the waiting rank's fired first and
+        ended the job without the stuck rank's traceback); after the meeting the
+        test's own deadline holds again.
         """
+        if rearm:
+            self._arm(MEET_MARGIN)
         flag = self._flag
         flag[0] = 1 if failed else 0
         request = self.comm.Iallreduce(self.MPI.IN_PLACE, flag, op=self.MPI.MAX)
@@ -840,7 +850,14 @@ class InnerPlugin:
                 os.sched_yield()
             else:
                 time.sleep(0.001)
+        if rearm:
+            self._arm()  # back to the test's own deadline for its next phase
         return bool(flag[0])
+
+    def _arm(self, margin=0.0):
+        """(Re)start the per-test watchdog for what is left of the test's time, plus ``margin`` seconds."""
+        left = max(0.1, self._deadline - time.monotonic())
+        faulthandler.dump_traceback_later(left + margin, exit=True, file=self.watchdog)
 
 
 # --- the plugin's hooks and fixtures ----------------------------------------------
