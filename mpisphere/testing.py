@@ -820,20 +820,19 @@ class InnerPlugin:
 
         A rank whose phase failed waits ``--mpi-grace`` seconds; if the others
         never arrive (they wait in a collective it never entered) it prints its
-        failure and aborts the job. ``rearm``: while a rank waits here, its
-        per-test watchdog runs ``MEET_MARGIN`` seconds past the test's deadline,
-        so that a rank still stuck in the test is the one whose watchdog fires
-        and reports where it is (under load the waiting rank's fired first and
-        ended the job without the stuck rank's traceback); after the meeting the
-        test's own deadline holds again.
+        failure and aborts the job. ``rearm``: while a rank waits here (longer
+        than ``MEET_SPIN``), its per-test watchdog runs ``MEET_MARGIN`` seconds
+        past the test's deadline, so that a rank still stuck in the test is the
+        one whose watchdog fires and reports where it is (under load the
+        waiting rank's fired first and ended the job without the stuck rank's
+        traceback); after the meeting the test's own deadline holds again.
         """
-        if rearm:
-            self._arm(MEET_MARGIN)
         flag = self._flag
         flag[0] = 1 if failed else 0
         request = self.comm.Iallreduce(self.MPI.IN_PLACE, flag, op=self.MPI.MAX)
         start = time.monotonic()
         deadline = start + self.grace if failed else None
+        extended = False  # the watchdog moved past the test's deadline (only for a wait that lasts: re-arming costs)
         while not request.Test():
             if deadline is not None and time.monotonic() > deadline:
                 self.err.write(
@@ -849,8 +848,11 @@ class InnerPlugin:
             if time.monotonic() - start < MEET_SPIN:
                 os.sched_yield()
             else:
+                if rearm and not extended:
+                    self._arm(MEET_MARGIN)
+                    extended = True
                 time.sleep(0.001)
-        if rearm:
+        if extended:
             self._arm()  # back to the test's own deadline for its next phase
         return bool(flag[0])
 
