@@ -62,6 +62,8 @@ _PUBLIC = {
     "select_device": "devices",
     "Described": "agreement",
     "agree_construction": "agreement",
+    "DiscoConvS2": "disco",
+    "DiscoConvTransposeS2": "disco",
 }
 
 __all__ = list(_PUBLIC)

@@ -1,0 +1,511 @@
+"""DISCO convolutions of distributed tiles (torch-harmonics' ``DiscreteContinuousConvS2`` and its transpose).
+
+A rank's output rows read the input rows within the filter's radius: the
+polar halo (:class:`~mpisphere.HaloExchange`, ``polar_halo_radius`` rows
+from the geometry) brings them. Along longitude the filter is the same at
+every output longitude, so the contraction is a circular correlation, which
+the real FFT makes a product per order, and near the poles, where the filter
+covers whole rings, costs no more than elsewhere. The stages of one call::
+
+    (B, C, h, w) tile --halo--> (B C, h + 2 r, w)
+      --azimuth transpose--> (B C / A, h + 2 r, nlon)    longitudes whole
+      --real FFT--> (B C / A, h + 2 r, nlon / 2 + 1)
+      --azimuth transpose--> (B C, h + 2 r, M / A)       all channels, this rank's orders
+      --contraction (per basis function: a band of rows per order, the weights over channels)-->
+      (B O, h_out, M / A) --> back the same way --> (B, O, h_out, w_out) tile
+
+The contraction never holds the expansion over the basis functions of the
+whole batch: one basis function at a time is expanded and contracted with
+the weights. Bias is not part of the (linear) operator.
+
+Why the FFT rather than the sparse ``psi`` of torch-harmonics: the sparse
+form visits every entry once per output longitude (near the poles a whole
+ring per entry), the FFT form does ``O(J M)`` work per output row and order
+for a band of ``J`` rows, and its loop runs over basis functions and band
+offsets only (docs/benchmarks.md has the measurements).
+"""
+
+import math
+
+import numpy
+
+from .. import backend, collectives, dtypes
+from ..agreement import Call, Context, InputError, Spec, agree_construction, collective
+from ..agreement.description import describe_value
+from ..geometry import polar_halo_radius
+from ..halo import HaloExchange
+from ..operators import ADJOINT, DISTRIBUTED, FORWARD, Layout, LinearOperator
+from ..partition import split_sizes
+from ..quadrature import latitudes
+from ..sht.fourier import FourierStage, resolve_fft
+from ..sht.pipeline import LocalStage, Pipeline
+from ..transpose import Transpose
+from ..validation import check_dtype, check_int
+from .bands import apply_band, band_tables
+from .bases import filter_basis
+from .psi import check_norm_mode, convolution_tensor, default_theta_cutoff, effective_cutoff
+
+__all__ = ["DiscoConvS2", "DiscoConvTransposeS2"]
+
+
+class LongitudeStride(LocalStage):
+    """Every ``stride``-th longitude (forward); the adjoint puts them back between zeros."""
+
+    def __init__(self, nlon, stride, layout):
+        super().__init__(layout)
+        self.nlon, self.stride = nlon, stride
+
+    def _shapes(self, lead):
+        return lead + (self.nlon,), lead + (self.nlon // self.stride,)
+
+    def _output(self, direction, spec):
+        n_in, n_out = self.nlon, self.nlon // self.stride
+        if direction == ADJOINT:
+            n_in, n_out = n_out, n_in
+        if not spec.shape or spec.shape[-1] != n_in:
+            raise InputError(f"expected (..., {n_in}), got {spec.shape}")
+        return spec.but(shape=spec.shape[:-1] + (n_out,)), spec.describe()
+
+    def _run(self, direction, x, out, context):
+        if direction == FORWARD:
+            out[...] = x[..., ::self.stride]
+        else:
+            out[...] = 0
+            out[..., ::self.stride] = x
+
+
+def _pair(value, what, who):
+    try:
+        a, b = value
+        return check_int(a, what, who, minimum=1), check_int(b, what, who, minimum=1)
+    except (TypeError, ValueError):
+        raise ValueError(f"{who}: {what} must be a pair (nlat, nlon) of positive integers, got {value!r}") from None
+
+
+def _widest_cutoff(grid, theta_in, theta_out, cutoff):
+    """The widest cutoff (radians) whose halo reaches no further than the neighbouring polar ranks."""
+    lo, hi = 0.0, cutoff
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        try:
+            polar_halo_radius(grid, theta_in, theta_out, effective_cutoff(mid))
+            lo = mid
+        except ValueError:
+            hi = mid
+    return math.floor(lo * 1e6) / 1e6   # printed with 6 decimals: rounded down, so the value named is served
+
+
+class _DiscoBase(LinearOperator):
+    """What the convolution and its transpose share: geometry, tables, halo, pipelines, the call."""
+
+    _transposed = False
+
+    def __init__(self, grid, in_shape, out_shape, kernel_shape, weight, *, basis_type="piecewise linear",
+                 basis_norm_mode="nodal", groups=1, quadrature_in="equiangular", quadrature_out="equiangular",
+                 theta_cutoff=None, dtype=numpy.float64, fft="auto"):
+        who = self.name
+        agree_construction(self, grid.cart, who=who)
+        self.grid = grid
+        self.in_shape = _pair(in_shape, "in_shape", who)
+        self.out_shape = _pair(out_shape, "out_shape", who)
+        self.groups = check_int(groups, "groups", who, minimum=1)
+        self.dtype = check_dtype(dtype, "transformed", "dtype", who)
+        self.cdtype = dtypes.complex_of(self.dtype)
+        self.basis = filter_basis(kernel_shape, basis_type)
+        self.basis_norm_mode = check_norm_mode(basis_norm_mode, who)
+        self.quadrature_in, self.quadrature_out = quadrature_in, quadrature_out
+        (nlat_in, nlon_in), (nlat_out, nlon_out) = self.in_shape, self.out_shape
+        small, big = sorted((nlon_in, nlon_out))
+        if big % small:
+            raise ValueError(f"{who}: the longitudes must be a multiple of each other ("
+                             + ("nlon_out of nlon_in" if self._transposed else "nlon_in of nlon_out")
+                             + f"), got in_shape={self.in_shape}, out_shape={self.out_shape}")
+        if (nlon_out > nlon_in) != self._transposed and nlon_out != nlon_in:
+            direction = "at least" if self._transposed else "at most"
+            raise ValueError(f"{who}: the {'transposed ' if self._transposed else ''}convolution maps to {direction} "
+                             f"as many longitudes, got in_shape={self.in_shape}, out_shape={self.out_shape}")
+        self.nfft, self.stride = big, big // small
+        coarse = (nlat_in, quadrature_in) if self._transposed else (nlat_out, quadrature_out)
+        self.theta_cutoff = default_theta_cutoff(*coarse) if theta_cutoff is None else float(theta_cutoff)
+        if not self.theta_cutoff > 0:
+            raise ValueError(f"{who}: theta_cutoff must be positive, got {theta_cutoff!r}")
+        self.weight = weight
+        theta_in, _ = latitudes(nlat_in, quadrature_in)
+        theta_out, _ = latitudes(nlat_out, quadrature_out)
+        try:
+            self.halo_rows = polar_halo_radius(grid, theta_in, theta_out, effective_cutoff(self.theta_cutoff))
+        except ValueError:
+            widest = _widest_cutoff(grid, theta_in, theta_out, self.theta_cutoff)
+            raise ValueError(
+                f"{who}: theta_cutoff={self.theta_cutoff:.6g} reaches past the neighbouring polar rank (input "
+                f"latitudes split as {grid.lat_sizes(nlat_in)}); the widest cutoff this split serves is "
+                f"{widest:.6f}\n  fix: a smaller theta_cutoff, fewer polar ranks or more latitudes") from None
+        self.domain = self.range = Layout(DISTRIBUTED, grid.cart)
+        self._comm = grid.cart
+        self.halo = HaloExchange(grid, self.halo_rows, extents=self.in_shape) if self.halo_rows else None
+        lat_in, lon_in = grid.local_slices(nlat_in, nlon_in)
+        lat_out, lon_out = grid.local_slices(nlat_out, nlon_out)
+        self.tile_in = (lat_in.stop - lat_in.start, lon_in.stop - lon_in.start)
+        self.tile_out = (lat_out.stop - lat_out.start, lon_out.stop - lon_out.start)
+        self.half = self.nfft // 2 + 1
+        sizes = split_sizes(self.half, grid.nazimuth)
+        first = sum(sizes[:grid.azimuth.rank])
+        self.orders = numpy.arange(first, first + sizes[grid.azimuth.rank])
+        if self._transposed:
+            tensor = convolution_tensor(self.basis, self.out_shape, self.in_shape, quadrature_out, quadrature_in,
+                                        self.theta_cutoff, self.basis_norm_mode, transpose_normalization=True)
+            targets_of, sources_of = "in_row", "out_row"
+        else:
+            tensor = convolution_tensor(self.basis, self.in_shape, self.out_shape, quadrature_in, quadrature_out,
+                                        self.theta_cutoff, self.basis_norm_mode)
+            targets_of, sources_of = "out_row", "in_row"
+        self.nnz = tensor.values.size
+        self.source_rows = self.tile_in[0] + 2 * self.halo_rows
+        self.bands = band_tables(tensor, targets_of, sources_of, (lat_out.start, lat_out.stop),
+                                 lat_in.start - self.halo_rows, self.source_rows, self.nfft, self.orders,
+                                 self._transposed, self.cdtype)
+        self.fft = resolve_fft(fft)
+        self._pipelines = backend.BoundedCache(4)
+        self._workspace = backend.Workspace()
+
+    # --- the weights -----------------------------------------------------------------------------
+
+    @property
+    def weight(self):
+        """``(out_channels, in_channels // groups, kernel_size)``, the same on every rank."""
+        return self._weight
+
+    @weight.setter
+    def weight(self, value):
+        host = value if isinstance(value, numpy.ndarray) else backend.array_module(value).asnumpy(value)
+        if host.ndim != 3 or host.shape[2] != self.basis.kernel_size or host.shape[0] % self.groups:
+            raise ValueError(f"{self.name}: weight must be (out_channels, in_channels // groups, kernel_size="
+                             f"{self.basis.kernel_size}) with out_channels a multiple of groups={self.groups}, "
+                             f"got shape {host.shape}")
+        self._weight = numpy.array(host, dtype=self.dtype)
+        self.out_channels = host.shape[0]
+        self.in_channels = host.shape[1] * self.groups
+        g, og, cg = self.groups, self.out_channels // self.groups, host.shape[1]
+        per_kernel = self._weight.reshape(g, og, cg, -1).transpose(3, 0, 1, 2)    # (K, g, og, cg)
+        self._mixing = (numpy.ascontiguousarray(per_kernel), numpy.ascontiguousarray(per_kernel.swapaxes(-1, -2)))
+        self._weight_text = describe_value(self._weight)
+        self._device_weights = {}
+
+    def _mixers(self, like):
+        return backend.on_device_of(like, self._mixing, self._device_weights)
+
+    # --- shapes and checks -----------------------------------------------------------------------
+
+    def _sides(self):
+        return (self.in_channels,) + self.tile_in, (self.out_channels,) + self.tile_out
+
+    def _shapes(self, lead):
+        side_in, side_out = self._sides()
+        return lead + side_in, lead + side_out
+
+    def _check(self, spec, side, whole, what):
+        if spec.dtype != self.dtype:
+            raise InputError(f"{what}: expected {self.dtype.name}, got {spec.dtype.name}", TypeError)
+        if len(spec.shape) < 3 or tuple(spec.shape[-3:]) != side:
+            if len(spec.shape) >= 3 and tuple(spec.shape[-2:]) == whole and self.grid.size > 1:
+                cause = f"got the whole {whole[0]} x {whole[1]} field where this rank's tile belongs"
+            else:
+                cause = f"the last three axes of {tuple(spec.shape)} are not (channels, *this rank's tile)"
+            raise InputError(f"{what}: {cause}\n  fix: pass (..., {side[0]}, *grid.local_shape{whole}) per rank "
+                             f"(grid.scatter gives each rank its tile)\n  rank {self.grid.rank}: expected "
+                             f"(..., {', '.join(map(str, side))}), got {tuple(spec.shape)}")
+
+    def _output(self, direction, spec):
+        side_in, side_out = self._sides()
+        whole_in, whole_out = self.in_shape, self.out_shape
+        if direction == ADJOINT:
+            side_in, side_out, whole_in, whole_out = side_out, side_in, whole_out, whole_in
+        self._check(spec, side_in, whole_in, "input")
+        return spec.but(shape=spec.shape[:-3] + side_out), \
+            f"{spec.describe((-2, -1))} weight {self._weight_text}"
+
+    # --- the call --------------------------------------------------------------------------------
+
+    def _pipeline_pair(self, batch, device):
+        """The stages before and after the contraction for ``batch`` fields (built once per batch)."""
+        def build():
+            g, layout = self.grid, self.domain
+            items_in, items_out = self._items(batch * self.in_channels), self._items(batch * self.out_channels)
+            nlon_in, nlon_out = self.in_shape[1], self.out_shape[1]
+            front = [Transpose(g.azimuth, axes=(0, 2), extents=(items_in, nlon_in))]
+            if self._transposed and self.stride > 1:
+                front.append(LongitudeStride(self.nfft, self.stride, layout).H)
+            front += [FourierStage(self.nfft, self.dtype, False, layout, self.fft),
+                      Transpose(g.azimuth, axes=(2, 0), extents=(self.half, items_in))]
+            back = [Transpose(g.azimuth, axes=(0, 2), extents=(items_out, self.half)),
+                    FourierStage(self.nfft, self.dtype, True, layout, self.fft)]
+            if not self._transposed and self.stride > 1:
+                back.append(LongitudeStride(self.nfft, self.stride, layout))
+            back.append(Transpose(g.azimuth, axes=(2, 0), extents=(nlon_out, items_out)))
+            spec_front = Spec((items_in, self.source_rows, self.tile_in[1]), self.dtype, device)
+            spec_back = Spec((items_out, self.tile_out[0], len(self.orders)), self.cdtype, device)
+            return Pipeline(front, spec_front), Pipeline(back, spec_back)
+        return self._pipelines.get((batch, device), build)
+
+    def _buffer(self, name, like, shape, dtype):
+        return self._workspace.scratch(name, like, math.prod(shape), dtype).reshape(shape)
+
+    def _spectra(self, like, batch):
+        """This call's spectral buffers: the input's ``(B C, S, M_a)`` and the output's ``(B O, T, M_a)``."""
+        m = len(self.orders)
+        return (self._buffer("input spectrum", like, (batch * self.in_channels, self.source_rows, m), self.cdtype),
+                self._buffer("output spectrum", like, (batch * self.out_channels, self.tile_out[0], m), self.cdtype))
+
+    def _items(self, n):
+        """The fields the transposes move for ``n``: at least one per azimuth rank (zeros added)."""
+        return max(n, self.grid.nazimuth)
+
+    def _front(self, x, batch, spectrum, context):
+        """``x`` (B C, h, w) -> its spectrum on this rank's orders (B C, S, M_a), halo rows included."""
+        front, _ = self._pipeline_pair(batch, backend.is_device_array(x))
+        n = x.shape[0]
+        items = self._items(n)
+        padded = x
+        if self.halo is not None or items > n:
+            padded = self._buffer("padded", x, (items, self.source_rows, x.shape[2]), self.dtype)
+            padded[n:] = 0
+            if self.halo is not None:
+                self.halo._run(FORWARD, x, padded[:n], context)
+            else:
+                padded[:n] = x
+        target = spectrum
+        if items > n:
+            target = self._buffer("padded spectrum", x, (items,) + spectrum.shape[1:], self.cdtype)
+        front.run(FORWARD, padded, target, context)
+        if target is not spectrum:
+            spectrum[...] = target[:n]
+
+    def _front_adjoint(self, spectrum, batch, out, context):
+        """The adjoint of :meth:`_front`: a spectrum (B C, S, M_a) -> ``out`` (B C, h, w)."""
+        front, _ = self._pipeline_pair(batch, backend.is_device_array(spectrum))
+        n = out.shape[0]
+        items = self._items(n)
+        if items > n:
+            source = self._buffer("padded spectrum", spectrum, (items,) + spectrum.shape[1:], self.cdtype)
+            source[:n] = spectrum
+            source[n:] = 0
+            spectrum = source
+        if self.halo is None and items == n:
+            front.run(ADJOINT, spectrum, out, context)
+            return
+        padded = self._buffer("padded", out, (items, self.source_rows, out.shape[2]), self.dtype)
+        front.run(ADJOINT, spectrum, padded, context)
+        if self.halo is not None:
+            self.halo._run(ADJOINT, padded[:n], out, context)
+        else:
+            out[...] = padded[:n]
+
+    def _back(self, direction, source, target, batch, context):
+        """The stages after the contraction: a spectrum (B O, T, M_a) -> the tile (B O, h', w') (or adjoint)."""
+        _, back = self._pipeline_pair(batch, backend.is_device_array(source))
+        n = (source if direction == FORWARD else target).shape[0]
+        items = self._items(n)
+        if items == n:
+            back.run(direction, source, target, context)
+            return
+        dtype = self.cdtype if direction == FORWARD else self.dtype
+        widened = self._buffer("padded back", source, (items,) + source.shape[1:], dtype)
+        widened[:n] = source
+        widened[n:] = 0
+        result = self._buffer("padded result", source, (items,) + target.shape[1:], target.dtype)
+        back.run(direction, widened, result, context)
+        target[...] = result[:n]
+
+    def _real(self, a, batch, channels):
+        """A complex ``(B c, rows, M_a)`` array as real ``(B, g, c / g, 2 rows M_a)`` (a view)."""
+        return a.view(self.dtype).reshape(batch, self.groups, channels // self.groups, -1)
+
+    def _band(self, which, k, source, rows, name):
+        """One basis function's band contraction of ``source`` onto ``rows`` rows (a workspace buffer)."""
+        shape = (source.shape[0], rows, source.shape[2])
+        out = self._buffer(name, source, shape, self.cdtype)
+        scratch = self._buffer("band scratch", source, shape, self.cdtype)
+        apply_band(which, k, source, out, scratch)
+        return out
+
+    def _contract(self, direction, source, target, batch):
+        """The contraction stage: ``target`` = the contraction (``direction``) of ``source``."""
+        xp = backend.array_module(source)
+        mixing, mixing_t = self._mixers(source)
+        forward_band, adjoint_band = self.bands
+        weights_after = (direction == FORWARD) != self._transposed   # the convolution mixes channels last
+        band = forward_band if direction == FORWARD else adjoint_band
+        rows_out = target.shape[1]
+        channels_in, channels_out = (self.in_channels, self.out_channels) if direction == FORWARD else \
+            (self.out_channels, self.in_channels)
+        mix = mixing if direction == FORWARD else mixing_t
+        target_real = self._real(target, batch, channels_out)
+        for k in range(self.basis.kernel_size):
+            if weights_after:
+                expanded = self._band(band, k, source, rows_out, "expanded")
+                product = xp.matmul(mix[k], self._real(expanded, batch, channels_in))
+            else:
+                mixed = self._buffer("mixed", source, (batch * channels_out,) + source.shape[1:], self.cdtype)
+                self._real(mixed, batch, channels_out)[...] = xp.matmul(mix[k], self._real(source, batch, channels_in))
+                product = self._real(self._band(band, k, mixed, rows_out, "expanded"), batch, channels_out)
+            if k == 0:
+                target_real[...] = product
+            else:
+                target_real += product
+
+    def _run(self, direction, x, out, context):
+        side_in, side_out = self._sides() if direction == FORWARD else self._sides()[::-1]
+        batch = math.prod(x.shape[:x.ndim - 3])
+        xp = backend.array_module(x)
+        xb = xp.ascontiguousarray(x).reshape((batch * side_in[0],) + side_in[1:])
+        direct = out.flags.c_contiguous
+        target = out.reshape((batch * side_out[0],) + side_out[1:]) if direct else \
+            self._buffer("result", out, (batch * side_out[0],) + side_out[1:], self.dtype)
+        spectrum_in, spectrum_out = self._spectra(x, batch)
+        if direction == FORWARD:
+            self._front(xb, batch, spectrum_in, context)
+            self._contract(FORWARD, spectrum_in, spectrum_out, batch)
+            self._back(FORWARD, spectrum_out, target, batch, context)
+        else:
+            self._back(ADJOINT, xb, spectrum_out, batch, context)
+            self._contract(ADJOINT, spectrum_out, spectrum_in, batch)
+            self._front_adjoint(spectrum_in, batch, target, context)
+        if not direct:
+            out[...] = target.reshape(out.shape)
+
+    # --- gradients -------------------------------------------------------------------------------
+
+    @collective
+    def gradients(self, x, y_bar, input_gradient=True):
+        """The gradients of ``<y_bar, forward(x)>``: with respect to ``x`` and to the weights.
+
+        Parameters
+        ----------
+        x : array, ``(..., in_channels, *tile_in)``
+            This rank's input tile (what ``forward`` took).
+        y_bar : array, ``(..., out_channels, *tile_out)``
+            The output's cotangent, this rank's tile.
+        input_gradient : bool
+            Also return ``adjoint(y_bar)`` (computed in the same pass).
+
+        Returns
+        -------
+        x_bar : array or None
+            ``adjoint(y_bar)``, this rank's tile.
+        weight_bar : numpy.ndarray, ``weight.shape``
+            The whole-sphere gradient, the same on every rank (summed over
+            the grid).
+
+        Notes
+        -----
+        Collective over ``grid.cart``.
+        """
+        who = f"{self.name}.gradients"
+        call = Call(self.grid.cart, who)
+        lead = None
+        with call.local():
+            spec_x, spec_y = Spec.of(x), Spec.of(y_bar)
+            side_in, side_out = self._sides()
+            self._check(spec_x, side_in, self.in_shape, "x")
+            self._check(spec_y, side_out, self.out_shape, "y_bar")
+            lead = spec_x.shape[:-3]
+            if tuple(spec_y.shape[:-3]) != tuple(lead):
+                raise InputError(f"x and y_bar have different leading axes: {lead} and {spec_y.shape[:-3]}")
+        call.agree(f"{self._describe()} gradients {describe_value(bool(input_gradient))} "
+                   f"x {spec_x.describe((-2, -1)) if lead is not None else ''} weight {self._weight_text}")
+        context = Context.local(spec_x)
+        xp = backend.array_module(x)
+        batch = math.prod(lead)
+        xb = xp.ascontiguousarray(x).reshape((batch * self.in_channels,) + self.tile_in)
+        yb = xp.ascontiguousarray(y_bar).reshape((batch * self.out_channels,) + self.tile_out)
+        spectrum_in, spectrum_out = self._spectra(x, batch)
+        self._front(xb, batch, spectrum_in, context)
+        self._back(ADJOINT, yb, spectrum_out, batch, context)
+        g, K = self.groups, self.basis.kernel_size
+        og, cg = self.out_channels // g, self.in_channels // g
+        grad = numpy.zeros((g, og, cg, K), dtype=numpy.float64)
+
+        def inner(a, b):
+            # sum over the batch and the spectrum of a (B, g, og, Z) and b (B, g, cg, Z): (g, og, cg)
+            options = {"optimize": True} if xp is numpy else {}
+            found = xp.einsum("bgoz,bgcz->goc", a, b, **options)
+            return found if xp is numpy else xp.asnumpy(found)
+
+        forward_band, adjoint_band = self.bands
+        for k in range(K):
+            if self._transposed:  # out = sum_k band_k(W_k x): <band_k^H y_bar, x>
+                expanded = self._band(adjoint_band, k, spectrum_out, self.source_rows, "expanded")
+                grad[..., k] = inner(self._real(expanded, batch, self.out_channels),
+                                     self._real(spectrum_in, batch, self.in_channels))
+            else:                 # out = sum_k W_k band_k(x): <y_bar, band_k(x)>
+                expanded = self._band(forward_band, k, spectrum_in, self.tile_out[0], "expanded")
+                grad[..., k] = inner(self._real(spectrum_out, batch, self.out_channels),
+                                     self._real(expanded, batch, self.in_channels))
+        x_bar = None
+        if input_gradient:
+            x_bar = xp.empty(tuple(lead) + (self.in_channels,) + self.tile_in, dtype=self.dtype)
+            self._contract(ADJOINT, spectrum_out, spectrum_in, batch)
+            self._front_adjoint(spectrum_in, batch, x_bar.reshape(xb.shape), context)
+        total = numpy.empty_like(grad)
+        collectives.allreduce(self.grid.cart, grad, total)
+        weight_bar = total.reshape(self.out_channels, cg, K).astype(self.dtype)
+        return x_bar, weight_bar
+
+    def weight_gradient(self, x, y_bar):
+        """The whole-sphere gradient of ``<y_bar, forward(x)>`` with respect to the weights (see :meth:`gradients`)."""
+        return self.gradients(x, y_bar, input_gradient=False)[1]
+
+
+class DiscoConvS2(_DiscoBase):
+    """DISCO convolution of distributed tiles (torch-harmonics' ``DiscreteContinuousConvS2`` without its bias).
+
+    Parameters
+    ----------
+    grid : ProcessGrid
+    in_shape, out_shape : (int, int)
+        ``(nlat, nlon)`` of the input and output grids; ``nlon_in`` a
+        multiple of ``nlon_out``.
+    kernel_shape : int or tuple of int
+        See :func:`~mpisphere.disco.bases.filter_basis`.
+    weight : array, ``(out_channels, in_channels // groups, kernel_size)``
+        The same on every rank; settable (``op.weight = new``).
+    basis_type : {"piecewise linear", "harmonic", "morlet", "zernike"}, keyword-only
+    basis_norm_mode : {"nodal", "modal", "mean", "support", "geometric", "none"}, keyword-only
+    groups : int, keyword-only
+    quadrature_in, quadrature_out : str, keyword-only
+        The latitude rules (torch-harmonics' ``grid_in``, ``grid_out``).
+    theta_cutoff : float, keyword-only
+        The filter's radius (default: the largest latitude gap of the output
+        grid, torch-harmonics' default).
+    dtype : float32 or float64, keyword-only
+    fft : {"auto", "numpy", "ducc0"}, keyword-only
+
+    Notes
+    -----
+    ``forward``: ``(..., in_channels, h, w)`` (this rank's tile of
+    ``in_shape``) -> ``(..., out_channels, h', w')`` (its tile of
+    ``out_shape``); ``adjoint``: the exact adjoint. Both distributed over
+    ``grid.cart``. :meth:`gradients` gives the weights' gradient.
+
+    Construction is collective over ``grid.cart``.
+
+    Raises
+    ------
+    ValueError
+        On every rank at construction: different arguments on some rank, a
+        cutoff that reaches past the neighbouring polar rank (the message
+        names the widest this split serves), longitudes that are not a
+        multiple of each other.
+    """
+
+
+class DiscoConvTransposeS2(_DiscoBase):
+    """The transposed DISCO convolution (torch-harmonics' ``DiscreteContinuousConvTransposeS2`` without bias).
+
+    Same parameters as :class:`DiscoConvS2`, with ``nlon_out`` a multiple of
+    ``nlon_in`` and the default cutoff from the input grid. The filter is
+    applied in the adjoint direction of a convolution from ``out_shape`` to
+    ``in_shape``, normalised as torch-harmonics does for its transpose.
+    """
+
+    _transposed = True

@@ -1,0 +1,178 @@
+"""DISCO convolutions: the distributed operators against a dense serial reference, their adjoints and gradients.
+
+The reference applies ``psi`` (``ConvolutionTensor.dense``) directly: the
+sum over input latitudes and longitudes for every output point, shifting
+the input along longitude, with no FFT, band or halo. ``psi`` itself is
+checked here against a direct evaluation of the filter basis at every input
+point, and against torch-harmonics 0.9.3 in ``test_torch_harmonics_modules.py``.
+"""
+
+import math
+import re
+
+import numpy
+import pytest
+
+from mpisphere import dottest
+from mpisphere.disco import (DiscoConvS2, DiscoConvTransposeS2, convolution_tensor, default_theta_cutoff,
+                             filter_basis)
+from mpisphere.disco.psi import _rotated, effective_cutoff
+from mpisphere.quadrature import latitudes
+
+from helpers import raises
+
+pytestmark = pytest.mark.mpi
+
+# (in_shape, out_shape, transposed): the same grid, a downsampling and an upsampling pair, an odd latitude count
+PAIRS = [((12, 24), (12, 24), False), ((16, 32), (8, 16), False), ((8, 16), (16, 32), True), ((11, 20), (11, 20), True)]
+BASES = [((3,), "piecewise linear", 1), ((3, 4), "piecewise linear", 2), (3, "zernike", 1), ((2, 2), "harmonic", 2)]
+
+
+def reference(op, weight, x):
+    """The convolution (or its transpose) by the dense ``psi``, and its expansion over the basis functions.
+
+    Returns ``out (B, O, nlat_out, nlon_out)`` and ``expansion (B, C, K,
+    nlat_out, nlon_out)`` with ``out = sum_{c,k} weight[o, c, k] expansion[c, k]``
+    per group.
+    """
+    K = op.basis.kernel_size
+    B, C = x.shape[:2]
+    g = op.groups
+    O = weight.shape[0]
+    (_, nlon_in), (nlat_out, nlon_out) = op.in_shape, op.out_shape
+    if isinstance(op, DiscoConvTransposeS2):
+        psi = convolution_tensor(op.basis, op.out_shape, op.in_shape, op.quadrature_out, op.quadrature_in,
+                                 op.theta_cutoff, op.basis_norm_mode, transpose_normalization=True).dense()
+        expansion = numpy.zeros((B, C, K, nlat_out, nlon_out))
+        for q in range(nlon_in):   # out[T, n] = sum psi[k, t, T, n - s q] x[t, q]
+            shifted = numpy.roll(psi, op.stride * q, axis=-1)
+            expansion += numpy.einsum("ktTn,bct->bckTn", shifted, x[..., q])
+    else:
+        psi = convolution_tensor(op.basis, op.in_shape, op.out_shape, op.quadrature_in, op.quadrature_out,
+                                 op.theta_cutoff, op.basis_norm_mode).dense()
+        expansion = numpy.zeros((B, C, K, nlat_out, nlon_out))
+        for q in range(nlon_out):  # y[t, q] = sum psi[k, t, i, p] x[i, p + s q]
+            shifted = numpy.roll(x, -op.stride * q, axis=-1)
+            expansion[..., q] = numpy.einsum("ktip,bcip->bckt", psi, shifted)
+    grouped = expansion.reshape((B, g, C // g, K, nlat_out, nlon_out))
+    out = numpy.einsum("gock,bgckxy->bgoxy", weight.reshape(g, O // g, C // g, K), grouped)
+    return out.reshape((B, O, nlat_out, nlon_out)), expansion
+
+
+def build(grid, pair, basis, rng, channels=(4, 6), **options):
+    (in_shape, out_shape, transposed), (kernel_shape, basis_type, groups) = pair, basis
+    C, O = channels
+    weight = rng.standard_normal((O, C // groups, filter_basis(kernel_shape, basis_type).kernel_size))
+    cls = DiscoConvTransposeS2 if transposed else DiscoConvS2
+    return cls(grid, in_shape, out_shape, kernel_shape, weight, basis_type=basis_type, groups=groups, **options), weight
+
+
+@pytest.mark.parametrize("pair", PAIRS, ids=["same", "down", "up", "odd"])
+@pytest.mark.parametrize("basis", BASES, ids=["hat", "hat-aniso-g2", "zernike", "harmonic-g2"])
+def test_forward_adjoint_and_gradients_match_the_dense_reference(grid, pair, basis, rng):
+    op, weight = build(grid, pair, basis, rng)
+    x = rng.standard_normal((2, 4) + pair[0])
+    y_bar = rng.standard_normal((2, 6) + pair[1])
+    expected, expansion = reference(op, weight, x)
+    y = grid.gather(op.forward(grid.scatter(x)))
+    x_bar, w_bar = op.gradients(grid.scatter(x), grid.scatter(y_bar))
+    adjoint = grid.gather(op.adjoint(grid.scatter(y_bar)))
+    x_bar = grid.gather(x_bar)
+    g = op.groups
+    w_expected = numpy.einsum("bgoxy,bgckxy->gock", y_bar.reshape((2, g, 6 // g) + pair[1]),
+                              expansion.reshape((2, g, 4 // g, weight.shape[2]) + pair[1])).reshape(weight.shape)
+    # every rank holds the whole-sphere weight gradient
+    numpy.testing.assert_array_equal(numpy.array(grid.cart.allgather(w_bar)), numpy.array([w_bar] * grid.size))
+    if grid.rank == 0:
+        # the FFT's rounding is a few ulp of the terms summed: bounded by the sums of their absolute values
+        bound = 1e-13 * reference(op, numpy.abs(weight), numpy.abs(x))[0].max()
+        assert numpy.abs(y - expected).max() <= bound
+        assert numpy.abs(adjoint - x_bar).max() == 0
+        # <y_bar, A x> = <A^H y_bar, x>, measured against the sums of absolute terms
+        assert abs(numpy.sum(y_bar * expected) - numpy.sum(x_bar * x)) <= 1e-13 * numpy.sum(
+            numpy.abs(y_bar) * reference(op, numpy.abs(weight), numpy.abs(x))[0])
+        w_bound = 1e-13 * numpy.einsum("bgoxy,bgckxy->gock", numpy.abs(y_bar).reshape((2, g, 6 // g) + pair[1]),
+                                       numpy.abs(expansion).reshape((2, g, 4 // g, weight.shape[2]) + pair[1])).max()
+        assert numpy.abs(w_bar - w_expected).max() <= w_bound
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_dot_test(grid, transposed, rng):
+    pair = ((8, 16), (16, 32), True) if transposed else ((13, 24), (13, 24), False)
+    op, _ = build(grid, pair, ((3, 2), "piecewise linear", 1), rng, channels=(2, 3),
+                  quadrature_in="legendre-gauss", quadrature_out="lobatto" if transposed else "legendre-gauss")
+    assert dottest(op, lead=(2,)) <= 1e-13
+    assert dottest(op.H, lead=(1,)) <= 1e-13
+
+
+def test_float32_and_a_batch_of_no_leading_axes(grid, rng):
+    op64, weight = build(grid, PAIRS[0], BASES[0], rng)
+    op32 = DiscoConvS2(grid, (12, 24), (12, 24), (3,), weight, dtype=numpy.float32)
+    x = grid.scatter(rng.standard_normal((4, 12, 24)))
+    y64 = op64.forward(x)
+    y32 = op32.forward(x.astype(numpy.float32))
+    assert y32.dtype == numpy.float32 and y32.shape == y64.shape
+    assert numpy.abs(y32 - y64).max() <= 1e-5 * max(numpy.abs(y64).max(), 1.0)
+
+
+def test_the_weights_can_change_between_calls(grid, rng):
+    op, weight = build(grid, PAIRS[0], BASES[0], rng)
+    x = grid.scatter(rng.standard_normal((1, 4, 12, 24)))
+    y = op.forward(x)
+    op.weight = 2 * weight
+    numpy.testing.assert_allclose(op.forward(x), 2 * y, rtol=1e-14, atol=1e-14 * numpy.abs(y).max())
+
+
+def test_a_weight_that_differs_on_one_rank_raises_on_every_rank(grid, rng):
+    op, weight = build(grid, PAIRS[0], BASES[0], rng)
+    changed = weight.copy()
+    if grid.rank == grid.size - 1:
+        changed[0, 0, 0] += 1
+    op.weight = changed
+    x = grid.scatter(rng.standard_normal((1, 4, 12, 24)))
+    if grid.size > 1:
+        with raises(ValueError, match="weight"):
+            op.forward(x)
+
+
+def test_a_cutoff_too_wide_for_the_halo_names_the_widest_it_serves(grid):
+    weight = numpy.ones((1, 1, 2))
+    if grid.npolar == 1:  # one polar rank holds every latitude: any cutoff is served, with no halo
+        assert DiscoConvS2(grid, (25, 24), (25, 24), (3,), weight, theta_cutoff=2.5).halo_rows == 0
+        return
+    with raises(ValueError, match=r"reaches past the neighbouring polar rank .* the widest cutoff this split serves "
+                                  r"is (\d\.\d+)") as caught:
+        DiscoConvS2(grid, (25, 24), (25, 24), (3,), weight, theta_cutoff=2.5)
+    widest = float(re.search(r"serves is (\d\.\d+)", str(caught.value)).group(1))
+    DiscoConvS2(grid, (25, 24), (25, 24), (3,), weight, theta_cutoff=widest)  # the cutoff named is served
+    with raises(ValueError, match="reaches past"):
+        DiscoConvS2(grid, (25, 24), (25, 24), (3,), weight, theta_cutoff=widest * 1.001 + 1e-6)
+
+
+def test_channels_not_divisible_by_groups_and_wrong_tiles_are_refused(grid, rng):
+    with raises(ValueError, match="multiple of groups=2"):
+        DiscoConvS2(grid, (12, 24), (12, 24), (3,), numpy.ones((3, 1, 2)), groups=2)
+    op, _ = build(grid, PAIRS[0], BASES[0], rng)
+    if grid.size > 1:
+        with raises(ValueError, match="got the whole 12 x 24 field where this rank's tile belongs"):
+            op.forward(numpy.zeros((1, 4, 12, 24)))
+    with raises(ValueError, match="not \\(channels, \\*this rank's tile\\)"):
+        op.forward(numpy.zeros((1, 3) + grid.local_shape(12, 24)))
+
+
+@pytest.mark.parametrize("basis", [((3,), "piecewise linear"), ((4, 3), "piecewise linear"), (3, "zernike"),
+                                   ((2, 3), "harmonic")])
+def test_psi_is_the_basis_at_every_input_point_within_the_cutoff(basis):
+    """The band and listing of ``convolution_tensor`` against the basis evaluated at every input point."""
+    (kernel_shape, basis_type) = basis
+    fb = filter_basis(kernel_shape, basis_type)
+    shape = (10, 20)
+    cutoff = default_theta_cutoff(10)
+    dense = convolution_tensor(fb, shape, shape, theta_cutoff=cutoff, basis_norm_mode="none").dense()
+    theta, weights = latitudes(10)
+    lons = 2 * math.pi * numpy.arange(20) / 20
+    for t in range(10):
+        r, phi = _rotated(theta[t], theta, lons)
+        _, values = fb.evaluate(r.reshape(-1), phi.reshape(-1), effective_cutoff(cutoff))
+        expected = values.reshape(fb.kernel_size, 10, 20) * (weights / 20 / 2.0)[None, :, None]
+        numpy.testing.assert_allclose(dense[:, t], expected, rtol=0, atol=1e-15 * numpy.abs(expected).max())
