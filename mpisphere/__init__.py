@@ -64,6 +64,8 @@ _PUBLIC = {
     "agree_construction": "agreement",
     "DiscoConvS2": "disco",
     "DiscoConvTransposeS2": "disco",
+    "QuadratureS2": "integral",
+    "SpectralConvS2": "spectral_convolution",
 }
 
 __all__ = list(_PUBLIC)

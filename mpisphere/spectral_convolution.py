@@ -1,0 +1,286 @@
+"""Spectral convolution of distributed tiles (torch-harmonics' ``SpectralConvS2``): SHT, l-wise mixing, inverse SHT.
+
+Per degree ``l`` the weights mix the channels, the same for every order:
+``Y[b, g, o, l, m] = sum_i W[g, i, o, l] X[b, g, i, l, m]`` with ``X`` the
+SHT of the input; with a spectral bias ``X`` is first moved by the input's
+integral over the sphere times the bias, ``X[b, c] += I[b, c] bias[c]``
+(torch-harmonics' convention). For given weights and bias the whole map is
+linear in the input: the operator has its exact adjoint, and
+:meth:`SpectralConvS2.gradients` gives the parameters' whole-sphere
+gradients on every rank. The coefficient blocks stay where the transforms
+leave them (degrees over the polar ranks, orders over the azimuth ranks), so
+the mixing is local.
+"""
+
+import math
+
+import numpy
+
+from . import backend, collectives, dtypes
+from .agreement import Call, Context, InputError, Spec, agree_construction, collective
+from .agreement.description import describe_value
+from .integral import QuadratureS2
+from .operators import ADJOINT, DISTRIBUTED, FORWARD, Layout, LinearOperator
+from .quadrature import truncate_sht
+from .sht import DistributedInverseRealSHT, DistributedRealSHT
+from .validation import check_dtype, check_int
+
+__all__ = ["SpectralConvS2", "spectral_truncation"]
+
+
+def spectral_truncation(in_shape, out_shape, quadrature_in="equiangular", quadrature_out="equiangular"):
+    """torch-harmonics' degrees of a spectral convolution: the smaller truncation of both grids, triangular."""
+    lmax_in, mmax_in = truncate_sht(*in_shape, quadrature=quadrature_in)
+    lmax_out, mmax_out = truncate_sht(*out_shape, quadrature=quadrature_out)
+    return min(lmax_in, lmax_out, mmax_in, mmax_out)
+
+
+class SpectralConvS2(LinearOperator):
+    """``inverse SHT(W . (SHT(x) + I(x) bias))`` of distributed tiles.
+
+    Parameters
+    ----------
+    grid : ProcessGrid
+    in_shape, out_shape : (int, int)
+        ``(nlat, nlon)`` of the input and output grids.
+    weight : complex array, ``(groups, in_channels // groups, out_channels // groups, lmax)``
+        torch-harmonics' layout; ``lmax`` is :func:`spectral_truncation`'s.
+        The same on every rank; settable.
+    bias : complex array ``(1, in_channels, lmax, lmax)`` or None, keyword-only
+        The spectral bias (torch-harmonics' ``spectral_bias``); settable.
+    quadrature_in, quadrature_out : str, keyword-only
+        The latitude rules (torch-harmonics' ``grid_in``, ``grid_out``).
+    dtype : float32 or float64, keyword-only
+        Of the fields (the weights are used in the matching complex type).
+
+    Notes
+    -----
+    ``forward``: ``(..., in_channels, h, w)`` -> ``(..., out_channels, h', w')``,
+    this rank's tiles; ``adjoint``: the exact adjoint. Collective over
+    ``grid.cart``; construction too.
+    """
+
+    def __init__(self, grid, in_shape, out_shape, weight, *, bias=None, quadrature_in="equiangular",
+                 quadrature_out="equiangular", dtype=numpy.float64):
+        agree_construction(self, grid.cart, who="SpectralConvS2")
+        self.grid = grid
+        self.in_shape = tuple(check_int(v, "in_shape", self.name, minimum=1) for v in in_shape)
+        self.out_shape = tuple(check_int(v, "out_shape", self.name, minimum=1) for v in out_shape)
+        self.dtype = check_dtype(dtype, "transformed", "dtype", self.name)
+        self.cdtype = dtypes.complex_of(self.dtype)
+        self.lmax = spectral_truncation(self.in_shape, self.out_shape, quadrature_in, quadrature_out)
+        self.sht = DistributedRealSHT(grid, *self.in_shape, self.lmax, self.lmax, quadrature=quadrature_in,
+                                      dtype=self.dtype)
+        self.isht = DistributedInverseRealSHT(grid, *self.out_shape, self.lmax, self.lmax, quadrature=quadrature_out,
+                                              dtype=self.dtype)
+        self.quadrature = QuadratureS2(grid, self.in_shape, quadrature_in, dtype=self.dtype)
+        self.degrees = numpy.asarray(self.sht.local_degrees)
+        self.orders = numpy.asarray(self.sht.local_orders)
+        self.weight = weight
+        self.bias = bias
+        self.domain = self.range = Layout(DISTRIBUTED, grid.cart)
+        self._comm = grid.cart
+        self._workspace = backend.Workspace()
+
+    # --- parameters ------------------------------------------------------------------------------
+
+    @property
+    def weight(self):
+        """``(groups, in_channels // groups, out_channels // groups, lmax)`` complex, the same on every rank."""
+        return self._weight
+
+    @weight.setter
+    def weight(self, value):
+        host = numpy.asarray(value if isinstance(value, numpy.ndarray) else backend.array_module(value).asnumpy(value))
+        if host.ndim != 4 or host.shape[3] != self.lmax:
+            raise ValueError(f"{self.name}: weight must be (groups, in_channels // groups, out_channels // groups, "
+                             f"lmax={self.lmax}), got shape {host.shape}")
+        self._weight = numpy.array(host, dtype=self.cdtype)
+        self.groups, cg, og, _ = host.shape
+        self.in_channels, self.out_channels = self.groups * cg, self.groups * og
+        self._local_weight = numpy.ascontiguousarray(self._weight[..., self.degrees])
+        self._weight_text = describe_value(self._weight)
+        self._device = {}
+
+    @property
+    def bias(self):
+        """``(1, in_channels, lmax, lmax)`` complex or None, the same on every rank."""
+        return self._bias
+
+    @bias.setter
+    def bias(self, value):
+        if value is None:
+            self._bias, self._local_bias, self._bias_text = None, None, "none"
+            return
+        host = numpy.asarray(value if isinstance(value, numpy.ndarray) else backend.array_module(value).asnumpy(value))
+        if host.shape != (1, self.in_channels, self.lmax, self.lmax):
+            raise ValueError(f"{self.name}: bias must be (1, in_channels={self.in_channels}, lmax={self.lmax}, "
+                             f"lmax={self.lmax}), got shape {host.shape}")
+        self._bias = numpy.array(host, dtype=self.cdtype)
+        self._local_bias = numpy.ascontiguousarray(self._bias[0][:, self.degrees][:, :, self.orders])
+        self._bias_text = describe_value(self._bias)
+        self._device_bias = {}
+
+    def _parameters(self, like):
+        weight = backend.on_device_of(like, self._local_weight, self._device)
+        bias = None if self._bias is None else backend.on_device_of(like, self._local_bias, self._device_bias)
+        return weight, bias
+
+    # --- shapes and checks -----------------------------------------------------------------------
+
+    def _sides(self):
+        return ((self.in_channels,) + self.sht.tile_shape, (self.out_channels,) + self.isht.tile_shape)
+
+    def _shapes(self, lead):
+        side_in, side_out = self._sides()
+        return lead + side_in, lead + side_out
+
+    def _check(self, spec, side, whole, what):
+        if spec.dtype != self.dtype:
+            raise InputError(f"{what}: expected {self.dtype.name}, got {spec.dtype.name}", TypeError)
+        if len(spec.shape) < 3 or tuple(spec.shape[-3:]) != side:
+            whole_given = len(spec.shape) >= 3 and tuple(spec.shape[-2:]) == whole and self.grid.size > 1
+            cause = (f"got the whole {whole[0]} x {whole[1]} field where this rank's tile belongs" if whole_given
+                     else f"the last three axes of {tuple(spec.shape)} are not (channels, *this rank's tile)")
+            raise InputError(f"{what}: {cause}\n  fix: pass (..., {side[0]}, *grid.local_shape{whole}) per rank\n"
+                             f"  rank {self.grid.rank}: expected (..., {', '.join(map(str, side))}), got "
+                             f"{tuple(spec.shape)}")
+
+    def _output(self, direction, spec):
+        (side_in, side_out), (whole_in, whole_out) = self._sides(), (self.in_shape, self.out_shape)
+        if direction == ADJOINT:
+            side_in, side_out, whole_in, whole_out = side_out, side_in, whole_out, whole_in
+        self._check(spec, side_in, whole_in, "input")
+        return (spec.but(shape=spec.shape[:-3] + side_out),
+                f"{spec.describe((-2, -1))} weight {self._weight_text} bias {self._bias_text}")
+
+    # --- the call --------------------------------------------------------------------------------
+
+    def _buffer(self, name, like, shape, dtype):
+        return self._workspace.scratch(name, like, math.prod(shape), dtype).reshape(shape)
+
+    def _blocks(self, like, lead):
+        block = self.sht.block_shape
+        return (self._buffer("input coefficients", like, lead + (self.in_channels,) + block, self.cdtype),
+                self._buffer("output coefficients", like, lead + (self.out_channels,) + block, self.cdtype))
+
+    def _grouped(self, a, channels):
+        return a.reshape(a.shape[:-3] + (self.groups, channels // self.groups) + a.shape[-2:])
+
+    def _mix(self, direction, source, target, weight):
+        xp = backend.array_module(source)
+        options = {"optimize": True} if xp is numpy else {}
+        if direction == FORWARD:
+            mixed = xp.einsum("...gilm,giol->...golm", self._grouped(source, self.in_channels), weight, **options)
+        else:
+            mixed = xp.einsum("...golm,giol->...gilm", self._grouped(source, self.out_channels), weight.conj(),
+                              **options)
+        target[...] = mixed.reshape(target.shape)
+
+    def _integral(self, x, context):
+        """``I(x)``, ``(..., in_channels)``, replicated."""
+        out = backend.array_module(x).empty(x.shape[:-2], dtype=self.dtype)
+        self.quadrature._run(FORWARD, x, out, context)
+        return out
+
+    def _coefficients(self, x, coefficients, context):
+        """The SHT of ``x`` moved by the bias: the contraction's input."""
+        self.sht._run(FORWARD, x, coefficients, context)
+        _, bias = self._parameters(x)
+        if bias is not None:
+            coefficients += self._integral(x, context)[..., None, None] * bias
+        return coefficients
+
+    def _adjoint_into(self, coefficients, out, context):
+        """``out`` = the adjoint of :meth:`_coefficients` applied to ``coefficients``."""
+        self.sht._run(ADJOINT, coefficients, out, context)
+        _, bias = self._parameters(coefficients)
+        if bias is not None:
+            xp = backend.array_module(coefficients)
+            partial = xp.ascontiguousarray((coefficients.conj() * bias).real.sum(axis=(-2, -1)))
+            total = xp.empty_like(partial)
+            collectives.allreduce(self.grid.cart, partial.reshape(-1), total.reshape(-1), staged=context.staged,
+                                  workspace=self._workspace)
+            out += total[..., None, None] * self.quadrature.row_weights(out)[:, None]
+
+    def _run(self, direction, x, out, context):
+        lead = tuple(x.shape[:-3])
+        weight, _ = self._parameters(x)
+        spectrum_in, spectrum_out = self._blocks(x, lead)
+        if direction == FORWARD:
+            self._coefficients(x, spectrum_in, context)
+            self._mix(FORWARD, spectrum_in, spectrum_out, weight)
+            self.isht._run(FORWARD, spectrum_out, out, context)
+        else:
+            self.isht._run(ADJOINT, x, spectrum_out, context)
+            self._mix(ADJOINT, spectrum_out, spectrum_in, weight)
+            self._adjoint_into(spectrum_in, out, context)
+
+    @collective
+    def gradients(self, x, y_bar, input_gradient=True):
+        """The gradients of ``<y_bar, forward(x)>``: input, weight and bias (torch-harmonics' conventions).
+
+        Parameters
+        ----------
+        x : array, ``(..., in_channels, *tile_in)``
+        y_bar : array, ``(..., out_channels, *tile_out)``
+        input_gradient : bool
+            Also return ``adjoint(y_bar)``.
+
+        Returns
+        -------
+        x_bar : array or None
+        weight_bar : numpy.ndarray, complex, ``weight.shape``
+            ``dL/dRe W + i dL/dIm W`` (PyTorch's gradient of a complex
+            parameter), summed over the grid: the same on every rank.
+        bias_bar : numpy.ndarray or None
+            Likewise for the bias.
+        """
+        who = f"{self.name}.gradients"
+        call = Call(self.grid.cart, who)
+        spec_x = None
+        with call.local():
+            spec_x, spec_y = Spec.of(x), Spec.of(y_bar)
+            side_in, side_out = self._sides()
+            self._check(spec_x, side_in, self.in_shape, "x")
+            self._check(spec_y, side_out, self.out_shape, "y_bar")
+            if tuple(spec_y.shape[:-3]) != tuple(spec_x.shape[:-3]):
+                raise InputError(f"x and y_bar have different leading axes: {spec_x.shape[:-3]} and "
+                                 f"{spec_y.shape[:-3]}")
+        call.agree(f"{self._describe()} gradients {bool(input_gradient)} "
+                   f"x {spec_x.describe((-2, -1)) if spec_x is not None else ''} weight {self._weight_text} "
+                   f"bias {self._bias_text}")
+        context = Context.local(spec_x)
+        xp = backend.array_module(x)
+        lead = tuple(x.shape[:-3])
+        weight, bias = self._parameters(x)
+        spectrum_in, spectrum_out = self._blocks(x, lead)
+        self._coefficients(x, spectrum_in, context)
+        self.isht._run(ADJOINT, y_bar, spectrum_out, context)
+        options = {"optimize": True} if xp is numpy else {}
+        local = xp.einsum("...gilm,...golm->giol", self._grouped(spectrum_in, self.in_channels).conj(),
+                          self._grouped(spectrum_out, self.out_channels), **options)
+        weight_bar = numpy.zeros(self._weight.shape, dtype=self.cdtype)
+        weight_bar[..., self.degrees] = local if xp is numpy else xp.asnumpy(local)
+        parts = [weight_bar]
+        x_bar, bias_bar = None, None
+        if bias is not None or input_gradient:
+            self._mix(ADJOINT, spectrum_out, spectrum_in, weight)   # the cotangent of the contraction's input
+        if bias is not None:
+            integral = self._integral(x, context)
+            local_bias = (integral[..., None, None] * spectrum_in).reshape((-1, self.in_channels)
+                                                                             + spectrum_in.shape[-2:]).sum(axis=0)
+            bias_bar = numpy.zeros(self._bias.shape, dtype=self.cdtype)
+            rows = numpy.ix_(numpy.arange(self.in_channels), self.degrees, self.orders)
+            bias_bar[0][rows] = local_bias if xp is numpy else xp.asnumpy(local_bias)
+            parts.append(bias_bar)
+        if input_gradient:
+            x_bar = xp.empty(lead + self._sides()[0], dtype=self.dtype)
+            self._adjoint_into(spectrum_in, x_bar, context)
+        flat = numpy.concatenate([p.reshape(-1) for p in parts])
+        total = numpy.empty_like(flat)
+        collectives.allreduce(self.grid.cart, flat, total)
+        weight_bar = total[:weight_bar.size].reshape(weight_bar.shape)
+        if bias_bar is not None:
+            bias_bar = total[weight_bar.size:].reshape(bias_bar.shape)
+        return x_bar, weight_bar, bias_bar
