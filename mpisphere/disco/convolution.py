@@ -165,6 +165,7 @@ class _DiscoBase(LinearOperator):
                                  lat_in.start - self.halo_rows, self.source_rows, self.nfft, self.orders,
                                  self._transposed, self.cdtype)
         self.fft = resolve_fft(fft)
+        self.agree_also = ""
         self._pipelines = backend.BoundedCache(4)
         self._workspace = backend.Workspace()
 
@@ -222,7 +223,7 @@ class _DiscoBase(LinearOperator):
             side_in, side_out, whole_in, whole_out = side_out, side_in, whole_out, whole_in
         self._check(spec, side_in, whole_in, "input")
         return spec.but(shape=spec.shape[:-3] + side_out), \
-            f"{spec.describe((-2, -1))} weight {self._weight_text}"
+            f"{spec.describe((-2, -1))} weight {self._weight_text} {self.agree_also}"
 
     # --- the call --------------------------------------------------------------------------------
 

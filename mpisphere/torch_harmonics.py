@@ -1,0 +1,384 @@
+"""torch-harmonics' distributed modules on mpisphere (the ``torch`` extra): code written against
+``torch_harmonics.distributed`` moves over by its import line.
+
+::
+
+    import mpisphere.torch_harmonics as thd    # instead of: import torch_harmonics.distributed as thd
+
+    thd.init(grid)                               # a ProcessGrid, instead of the two process groups
+    sht = thd.DistributedRealSHT(nlat, nlon, grid="legendre-gauss")
+    conv = thd.DistributedDiscreteContinuousConvS2(8, 8, (nlat, nlon), (nlat, nlon), (3,))
+
+Each module takes this rank's tile and returns this rank's tile (or block),
+with torch-harmonics' names, constructor arguments and split attributes
+(``lat_shapes``, ``lon_shapes``, ``l_shapes``, ``m_shapes``). Where
+torch-harmonics' keyword ``grid`` names the latitude rule, the process grid
+is ``init``'s, or the keyword ``process_grid``.
+
+What differs, on purpose:
+
+* **Parameters are the serial module's**, whole and the same on every rank:
+  a serial ``state_dict`` loads unchanged, and after ``backward`` each
+  parameter's gradient is the whole-sphere gradient on every rank (the
+  adjoint of a replicated parameter is a sum over the ranks, done in the
+  backward: no all-reduce of gradients is left to the user, unlike
+  torch-harmonics' distributed spectral convolution, whose weights are split).
+  New parameters are rank 0's, sent to every rank when the module is built.
+  Every forward compares the parameters across the ranks (a digest of each):
+  a checkpoint loaded on one rank only raises on every rank, naming the
+  parameter.
+* **Precision follows the input**: float32 or float64 throughout
+  (torch-harmonics computes its spectral convolution in float32 whatever
+  the input).
+* The DISCO convolutions serve the cutoffs the polar halo reaches (the
+  neighbouring polar ranks); a wider one is refused on every rank, naming
+  the widest this split serves (``polar_mode="halo-exchange"``, the only
+  mode). ``optimized_kernel`` and ``fused`` are accepted and change nothing.
+
+``init`` keeps the default process grid in a context variable (the one
+process-wide value of this module, as ``torch_harmonics.distributed`` keeps
+its groups); every module also takes ``process_grid=`` instead.
+"""
+
+import contextvars
+import math
+
+import numpy
+import torch
+
+from . import collectives
+from .agreement import Call
+from .agreement.description import describe_value
+from .disco import DiscoConvS2, DiscoConvTransposeS2, filter_basis
+from .integral import QuadratureS2
+from .operators import FORWARD
+from .partition import split_sizes
+from .quadrature import truncate_sht
+from .sht import (DistributedInverseRealSHT as _InverseSHT, DistributedInverseRealVectorSHT as _InverseVectorSHT,
+                  DistributedRealSHT as _SHT, DistributedRealVectorSHT as _VectorSHT)
+from .spectral_convolution import SpectralConvS2, spectral_truncation
+from .torch import RECORDED, apply, as_array, as_tensor
+
+__all__ = ["init", "finalize", "is_initialized", "process_grid", "polar_group_size", "azimuth_group_size",
+           "polar_group_rank", "azimuth_group_rank", "compute_split_shapes", "DistributedRealSHT",
+           "DistributedInverseRealSHT", "DistributedRealVectorSHT", "DistributedInverseRealVectorSHT",
+           "DistributedDiscreteContinuousConvS2", "DistributedDiscreteContinuousConvTransposeS2",
+           "DistributedQuadratureS2", "DistributedSpectralConvS2"]
+
+_DEFAULT_GRID = contextvars.ContextVar("mpisphere.torch_harmonics grid", default=None)
+
+
+def init(grid):
+    """Make ``grid`` (a :class:`~mpisphere.ProcessGrid`) the process grid of the modules built from now on."""
+    if not hasattr(grid, "cart") or not hasattr(grid, "npolar"):
+        raise TypeError(f"mpisphere.torch_harmonics.init: expected a ProcessGrid, got {type(grid).__name__} "
+                        "(torch-harmonics takes two process groups; mpisphere one ProcessGrid of both)")
+    _DEFAULT_GRID.set(grid)
+
+
+def finalize():
+    """Forget the default process grid (the grid itself is the caller's to free)."""
+    _DEFAULT_GRID.set(None)
+
+
+def is_initialized():
+    """Whether :func:`init` gave a default process grid."""
+    return _DEFAULT_GRID.get() is not None
+
+
+def process_grid(grid=None):
+    """``grid``, or :func:`init`'s; a clear error when there is neither."""
+    found = grid if grid is not None else _DEFAULT_GRID.get()
+    if found is None:
+        raise RuntimeError("mpisphere.torch_harmonics: no process grid; call mpisphere.torch_harmonics.init(grid) "
+                           "with a mpisphere.ProcessGrid first, or pass process_grid=")
+    return found
+
+
+def polar_group_size():
+    return process_grid().npolar
+
+
+def azimuth_group_size():
+    return process_grid().nazimuth
+
+
+def polar_group_rank():
+    return process_grid().polar_rank
+
+
+def azimuth_group_rank():
+    return process_grid().azimuth.rank
+
+
+def compute_split_shapes(size, num_chunks):
+    """torch-harmonics' balanced chunks (the first ``size % num_chunks`` one larger): :func:`mpisphere.split_sizes`."""
+    return list(split_sizes(size, num_chunks))
+
+
+class _PerDtype:
+    """An operator built once per floating dtype (the first call in that dtype builds it, on every rank)."""
+
+    def __init__(self, build):
+        self._build, self._ops = build, {}
+
+    def __call__(self, dtype):
+        key = {torch.float32: numpy.float32, torch.float64: numpy.float64}.get(dtype)
+        if key is None:
+            raise TypeError(f"expected float32 or float64 tensors, got {dtype}")
+        if key not in self._ops:
+            self._ops[key] = self._build(key)
+        return self._ops[key]
+
+
+class _Transform(torch.nn.Module):
+    _operator = None
+    _coefficients_out = True
+
+    def __init__(self, nlat, nlon, lmax=None, mmax=None, grid="equiangular", norm="ortho", csphase=True, *,
+                 process_grid=None):
+        super().__init__()
+        pg = _grid_of(process_grid)
+        self.process_grid = pg
+        self.nlat, self.nlon, self.grid, self.norm, self.csphase = nlat, nlon, grid, norm, csphase
+        self.lmax, self.mmax = truncate_sht(nlat, nlon, lmax, mmax, quadrature=grid)
+        self.lat_shapes = compute_split_shapes(nlat, pg.npolar)
+        self.lon_shapes = compute_split_shapes(nlon, pg.nazimuth)
+        self.l_shapes, self.m_shapes = compute_split_shapes(self.lmax, pg.npolar), \
+            compute_split_shapes(self.mmax, pg.nazimuth)
+        self.nlat_local, self.nlon_local = self.lat_shapes[pg.polar_rank], self.lon_shapes[pg.azimuth.rank]
+        self.lmax_local, self.mmax_local = self.l_shapes[pg.polar_rank], self.m_shapes[pg.azimuth.rank]
+        self._ops = _PerDtype(lambda dtype: self._operator(pg, nlat, nlon, self.lmax, self.mmax, quadrature=grid,
+                                                           norm=norm, csphase=csphase, dtype=dtype))
+
+    def extra_repr(self):
+        return f"nlat={self.nlat}, nlon={self.nlon}, lmax={self.lmax}, mmax={self.mmax}, grid={self.grid!r}"
+
+    def forward(self, x):
+        """This rank's tile (``(..., nlat_local, nlon_local)``) to its block, or back for the inverse."""
+        real = x.dtype if not x.is_complex() else {torch.complex64: torch.float32}.get(x.dtype, torch.float64)
+        return apply(self._ops(real), x)
+
+
+class DistributedRealSHT(_Transform):
+    """torch-harmonics' ``DistributedRealSHT``: ``(..., nlat_local, nlon_local)`` -> ``(..., lmax_local, mmax_local)``.
+    """
+
+    _operator = _SHT
+
+
+class DistributedInverseRealSHT(_Transform):
+    """torch-harmonics' ``DistributedInverseRealSHT``: the blocks back to tiles."""
+
+    _operator = _InverseSHT
+
+
+class DistributedRealVectorSHT(_Transform):
+    """torch-harmonics' ``DistributedRealVectorSHT``: ``(..., 2, h, w)`` -> ``(..., 2, l, m)``."""
+
+    _operator = _VectorSHT
+
+
+class DistributedInverseRealVectorSHT(_Transform):
+    """torch-harmonics' ``DistributedInverseRealVectorSHT``."""
+
+    _operator = _InverseVectorSHT
+
+
+def _grid_of(grid):
+    return process_grid(grid)
+
+
+class DistributedQuadratureS2(torch.nn.Module):
+    """torch-harmonics' ``DistributedQuadratureS2``: ``(..., h, w)`` tiles -> ``(...)``, the same on every rank."""
+
+    def __init__(self, img_shape, grid="equiangular", normalize=False, *, process_grid=None):
+        super().__init__()
+        pg = _grid_of(process_grid)
+        self.img_shape, self.grid, self.normalize = tuple(img_shape), grid, normalize
+        self.lat_shapes = compute_split_shapes(img_shape[0], pg.npolar)
+        self.lon_shapes = compute_split_shapes(img_shape[1], pg.nazimuth)
+        self._ops = _PerDtype(lambda dtype: QuadratureS2(pg, self.img_shape, grid, normalize, dtype=dtype))
+
+    def forward(self, x):
+        return apply(self._ops(x.dtype), x)
+
+
+class _Layer(torch.autograd.Function):
+    """A module with parameters as one autograd node: forward by its operator, backward by its ``gradients``."""
+
+    @staticmethod
+    def forward(ctx, x, layer, recorded, *parameters):
+        ctx.layer = layer
+        ctx.save_for_backward(x)
+        return layer._run_forward(x, parameters, recorded)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        grads = ctx.layer._run_backward(x, grad.contiguous(), ctx.needs_input_grad[0])
+        return (grads[0], None, None) + tuple(grads[1:])
+
+
+class _ParametrisedLayer(torch.nn.Module):
+    """What the layers with parameters share: the same initial values everywhere, the autograd node."""
+
+    def _share_initial_parameters(self):
+        # rank 0's random start on every rank: the ranks' generators need not agree
+        call = Call(self.process_grid.cart, f"{type(self).__name__}.__init__")
+        values = call.share([p.detach().cpu().numpy() for p in self.parameters()])
+        with torch.no_grad():
+            for p, value in zip(self.parameters(), values):
+                p.copy_(torch.from_numpy(value))
+
+    def _recorded(self, x, parameters):
+        return torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in parameters))
+
+    def _apply_layer(self, x, parameters):
+        return _Layer.apply(x, self, self._recorded(x, parameters), *parameters)
+
+
+class _DiscoLayer(_ParametrisedLayer):
+    _operator = None
+
+    def __init__(self, in_channels, out_channels, in_shape, out_shape, kernel_shape, basis_type="piecewise linear",
+                 basis_norm_mode="nodal", groups=1, grid_in="equiangular", grid_out="equiangular", bias=True,
+                 theta_cutoff=None, optimized_kernel=True, fused=False, polar_mode="halo-exchange", *,
+                 process_grid=None):
+        super().__init__()
+        name = type(self).__name__
+        if polar_mode != "halo-exchange":
+            raise ValueError(f"{name}: polar_mode={polar_mode!r}: mpisphere's DISCO convolutions bring the rows "
+                             "through the polar halo only (polar_mode='halo-exchange'); a cutoff wider than the halo "
+                             "reaches is refused, naming the widest one the split serves")
+        if in_channels % groups or out_channels % groups:
+            raise ValueError(f"{name}: in_channels={in_channels} and out_channels={out_channels} must be multiples "
+                             f"of groups={groups}")
+        pg = _grid_of(process_grid)
+        self.process_grid = pg
+        self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
+        self.groupsize, self.out_per_group = in_channels // groups, out_channels // groups
+        self.nlat_in, self.nlon_in = in_shape
+        self.nlat_out, self.nlon_out = out_shape
+        self.kernel_shape, self.optimized_kernel = kernel_shape, optimized_kernel
+        self.lat_in_shapes = compute_split_shapes(self.nlat_in, pg.npolar)
+        self.lon_in_shapes = compute_split_shapes(self.nlon_in, pg.nazimuth)
+        self.lat_out_shapes = compute_split_shapes(self.nlat_out, pg.npolar)
+        self.lon_out_shapes = compute_split_shapes(self.nlon_out, pg.nazimuth)
+        kernel_size = filter_basis(kernel_shape, basis_type).kernel_size
+        options = dict(basis_type=basis_type, basis_norm_mode=basis_norm_mode, groups=groups,
+                       quadrature_in=grid_in, quadrature_out=grid_out, theta_cutoff=theta_cutoff)
+        start = numpy.zeros((out_channels, self.groupsize, kernel_size))
+        self._ops = _PerDtype(lambda dtype: self._operator(pg, in_shape, out_shape, kernel_shape, start, dtype=dtype,
+                                                           **options))
+        op = self._ops(torch.get_default_dtype() if torch.get_default_dtype() in (torch.float32, torch.float64)
+                       else torch.float32)   # built now: a bad argument is refused at construction, on every rank
+        self.theta_cutoff = op.theta_cutoff
+        self.kernel_size = kernel_size
+        scale = math.sqrt(1.0 / self.groupsize) / math.sqrt(kernel_size)
+        self.weight = torch.nn.Parameter(scale * torch.randn(out_channels, self.groupsize, kernel_size))
+        self.bias = torch.nn.Parameter(torch.zeros(out_channels)) if bias else None
+        self._share_initial_parameters()
+
+    def extra_repr(self):
+        return (f"in_shape={(self.nlat_in, self.nlon_in)}, out_shape={(self.nlat_out, self.nlon_out)}, "
+                f"in_chans={self.in_channels}, out_chans={self.out_channels}, kernel_shape={self.kernel_shape}, "
+                f"theta_cutoff={self.theta_cutoff}, groups={self.groups}")
+
+    def forward(self, x):
+        """``(batch, in_channels, h, w)`` tile -> ``(batch, out_channels, h', w')`` tile."""
+        parameters = (self.weight,) if self.bias is None else (self.weight, self.bias)
+        return self._apply_layer(x, parameters)
+
+    def _run_forward(self, x, parameters, recorded):
+        op = self._ops(x.dtype)
+        op.weight = as_array(parameters[0])
+        op.agree_also = "bias " + ("none" if len(parameters) == 1 else describe_value(as_array(parameters[1])))
+        y = op._apply(FORWARD, as_array(x), None, purpose=RECORDED if recorded else "")
+        if len(parameters) > 1:
+            y += as_array(parameters[1]).astype(y.dtype)[:, None, None]
+        return as_tensor(y)
+
+    def _run_backward(self, x, grad, input_gradient):
+        op = self._ops(x.dtype)
+        x_bar, w_bar = op.gradients(as_array(x), as_array(grad), input_gradient=input_gradient)
+        dtype = self.weight.dtype
+        grads = [None if x_bar is None else as_tensor(x_bar), torch.from_numpy(w_bar).to(grad.device, dtype)]
+        if self.bias is not None:
+            g = as_array(grad)
+            partial = g.reshape((-1,) + g.shape[-3:]).sum(axis=(0, 2, 3))
+            partial = numpy.ascontiguousarray(partial if isinstance(partial, numpy.ndarray) else partial.get(),
+                                              dtype=numpy.float64)
+            total = numpy.empty_like(partial)
+            collectives.allreduce(self.process_grid.cart, partial, total)
+            grads.append(torch.from_numpy(total).to(grad.device, self.bias.dtype))
+        return grads
+
+
+class DistributedDiscreteContinuousConvS2(_DiscoLayer):
+    """torch-harmonics' ``DistributedDiscreteContinuousConvS2`` on :class:`~mpisphere.DiscoConvS2` (module notes)."""
+
+    _operator = DiscoConvS2
+
+
+class DistributedDiscreteContinuousConvTransposeS2(_DiscoLayer):
+    """torch-harmonics' ``DistributedDiscreteContinuousConvTransposeS2`` on :class:`~mpisphere.DiscoConvTransposeS2`."""
+
+    _operator = DiscoConvTransposeS2
+
+
+class DistributedSpectralConvS2(_ParametrisedLayer):
+    """torch-harmonics' ``DistributedSpectralConvS2`` on :class:`~mpisphere.SpectralConvS2`, with serial parameters.
+
+    ``weight`` is ``(num_groups, in_channels // num_groups, out_channels //
+    num_groups, lmax)`` and ``spectral_bias`` ``(1, in_channels, lmax, mmax)``,
+    complex, whole on every rank (the serial ``SpectralConvS2``'s shapes).
+    """
+
+    def __init__(self, in_shape, out_shape, in_channels, out_channels, num_groups=1, grid_in="equiangular",
+                 grid_out="equiangular", bias=False, *, process_grid=None):
+        super().__init__()
+        if in_channels % num_groups or out_channels % num_groups:
+            raise ValueError(f"DistributedSpectralConvS2: in_channels={in_channels} and out_channels={out_channels} "
+                             f"must be multiples of num_groups={num_groups}")
+        pg = _grid_of(process_grid)
+        self.process_grid = pg
+        self.in_channels, self.out_channels, self.num_groups = in_channels, out_channels, num_groups
+        self.lmax = self.mmax = spectral_truncation(in_shape, out_shape, grid_in, grid_out)
+        self.l_shapes = compute_split_shapes(self.lmax, pg.npolar)
+        self.m_shapes = compute_split_shapes(self.mmax, pg.nazimuth)
+        self.lat_shapes = compute_split_shapes(in_shape[0], pg.npolar)
+        self.lon_shapes = compute_split_shapes(in_shape[1], pg.nazimuth)
+        shape = (num_groups, in_channels // num_groups, out_channels // num_groups, self.lmax)
+        start = numpy.zeros(shape, dtype=numpy.complex128)
+        self._ops = _PerDtype(lambda dtype: SpectralConvS2(pg, in_shape, out_shape, start, quadrature_in=grid_in,
+                                                           quadrature_out=grid_out, dtype=dtype))
+        self._ops(torch.float32)   # built now: a bad argument is refused at construction, on every rank
+        scale = math.sqrt(1.0 / (in_channels // num_groups)) * torch.ones(self.lmax, dtype=torch.complex64)
+        scale[0] *= math.sqrt(2.0)
+        self.weight = torch.nn.Parameter(scale * torch.randn(*shape, dtype=torch.complex64))
+        if bias:
+            self.spectral_bias = torch.nn.Parameter(torch.zeros(1, in_channels, self.lmax, self.mmax,
+                                                                dtype=torch.complex64))
+        self._share_initial_parameters()
+
+    def forward(self, x):
+        """``(batch, in_channels, h, w)`` tile -> ``(batch, out_channels, h', w')`` tile."""
+        bias = getattr(self, "spectral_bias", None)
+        parameters = (self.weight,) if bias is None else (self.weight, bias)
+        return self._apply_layer(x, parameters)
+
+    def _run_forward(self, x, parameters, recorded):
+        op = self._ops(x.dtype)
+        op.weight = as_array(parameters[0])
+        op.bias = None if len(parameters) == 1 else as_array(parameters[1])
+        return as_tensor(op._apply(FORWARD, as_array(x), None, purpose=RECORDED if recorded else ""))
+
+    def _run_backward(self, x, grad, input_gradient):
+        op = self._ops(x.dtype)
+        x_bar, w_bar, b_bar = op.gradients(as_array(x), as_array(grad), input_gradient=input_gradient)
+        dtype = self.weight.dtype
+        grads = [None if x_bar is None else as_tensor(x_bar), torch.from_numpy(w_bar).to(grad.device, dtype)]
+        if b_bar is not None:
+            grads.append(torch.from_numpy(b_bar).to(grad.device, dtype))
+        return grads

@@ -1,0 +1,263 @@
+"""mpisphere.torch_harmonics against torch-harmonics 0.9.3's serial modules, on the CPU in float64.
+
+Each test builds the serial module on every rank (the same seed everywhere),
+loads its ``state_dict`` into the distributed module, runs both on the same
+field (the distributed one on this rank's tile) and compares the gathered
+outputs, the input gradients and the parameters' gradients (which are
+whole-sphere gradients on every rank). The spectral convolution is compared
+with torch-harmonics' own steps in float64 (its module computes in float32).
+
+CI (``.ci/torch``) sets ``MPISPHERE_REQUIRE_TORCH=1``: a missing PyTorch or
+torch-harmonics then fails these tests instead of skipping them.
+"""
+
+import os
+import warnings
+
+import numpy
+import pytest
+
+from mpisphere import CopyTo
+
+from helpers import raises
+
+REQUIRED = os.environ.get("MPISPHERE_REQUIRE_TORCH") == "1"
+if REQUIRED:
+    import torch
+    import torch_harmonics as th
+else:
+    torch = pytest.importorskip("torch")
+    th = pytest.importorskip("torch_harmonics")
+
+import mpisphere.torch as mt  # noqa: E402 (after the checks above)
+import mpisphere.torch_harmonics as thd  # noqa: E402
+
+pytestmark = pytest.mark.mpi
+
+
+@pytest.fixture(autouse=True)
+def float64():
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        yield
+    torch.set_default_dtype(before)
+
+
+def tile_of(grid, whole):
+    lat, lon = grid.local_slices(*whole.shape[-2:])
+    return whole[..., lat, lon].detach().clone().contiguous()
+
+
+def gathered(grid, t):
+    return torch.from_numpy(numpy.asarray(grid.cart.bcast(grid.gather(t.detach().numpy()), root=0)))
+
+
+def close(a, b, rtol):
+    """``|a - b| <= rtol * max |b|``: rounding measured against the largest value, which cannot cancel."""
+    return float((a - b).abs().max()) <= rtol * float(b.abs().max())
+
+
+DISCO = [
+    # kernel_shape, basis_type, basis_norm_mode, groups, grid_in, grid_out, in_shape, out_shape, transposed, cutoff
+    ((3,), "piecewise linear", "nodal", 1, "equiangular", "equiangular", (16, 32), (16, 32), False, None),
+    ((3, 4), "piecewise linear", "mean", 2, "equiangular", "equiangular", (16, 32), (16, 32), False, None),
+    ((2, 3), "harmonic", "modal", 1, "equiangular", "equiangular", (16, 32), (16, 32), False, None),
+    (3, "zernike", "support", 2, "equiangular", "equiangular", (16, 32), (16, 32), False, None),
+    (2, "morlet", "geometric", 1, "legendre-gauss", "legendre-gauss", (16, 32), (16, 32), False, None),
+    ((3,), "piecewise linear", "none", 1, "equiangular", "legendre-gauss", (16, 32), (8, 16), False, None),
+    ((3, 2), "piecewise linear", "nodal", 2, "legendre-gauss", "lobatto", (8, 16), (16, 32), True, None),
+    ((4,), "piecewise linear", "nodal", 1, "lobatto", "equiangular", (13, 24), (13, 24), False, 0.3),
+    ((3,), "zernike", "support", 1, "equiangular", "equiangular", (13, 24), (13, 24), True, 0.3),
+]
+
+
+@pytest.mark.parametrize("case", DISCO, ids=[f"{c[1]}-{c[2]}-{'T' if c[8] else 'F'}{i}" for i, c in enumerate(DISCO)])
+def test_disco_layers_match_the_serial_module(grid, case):
+    kernel_shape, basis, mode, groups, grid_in, grid_out, in_shape, out_shape, transposed, cutoff = case
+    torch.manual_seed(0)
+    serial_class = th.DiscreteContinuousConvTransposeS2 if transposed else th.DiscreteContinuousConvS2
+    ours_class = (thd.DistributedDiscreteContinuousConvTransposeS2 if transposed
+                  else thd.DistributedDiscreteContinuousConvS2)
+    options = dict(basis_type=basis, basis_norm_mode=mode, groups=groups, grid_in=grid_in, grid_out=grid_out,
+                   theta_cutoff=cutoff)
+    serial = serial_class(4, 6, in_shape, out_shape, kernel_shape, optimized_kernel=False, **options)
+    with torch.no_grad():
+        serial.bias.normal_()
+    ours = ours_class(4, 6, in_shape, out_shape, kernel_shape, process_grid=grid, **options)
+    ours.load_state_dict(serial.state_dict())
+    x = torch.randn(2, 4, *in_shape, requires_grad=True)
+    y = serial(x)
+    y_bar = torch.randn_like(y)
+    y.backward(y_bar)
+    x_tile = tile_of(grid, x).requires_grad_(True)
+    y_tile = ours(x_tile)
+    y_tile.backward(tile_of(grid, y_bar))
+    assert close(gathered(grid, y_tile), y.detach(), 1e-12)
+    assert close(gathered(grid, x_tile.grad), x.grad, 1e-11)
+    assert close(ours.weight.grad, serial.weight.grad, 1e-11)
+    assert close(ours.bias.grad, serial.bias.grad, 1e-11)
+
+
+def test_transforms_and_quadrature_match_the_serial_modules(grid):
+    torch.manual_seed(1)
+    nlat, nlon = 17, 32
+    x = torch.randn(3, nlat, nlon)
+    sht = thd.DistributedRealSHT(nlat, nlon, grid="legendre-gauss", process_grid=grid)
+    serial = th.RealSHT(nlat, nlon, grid="legendre-gauss").double()
+    assert sht.l_shapes == thd.compute_split_shapes(sht.lmax, grid.npolar)
+    assert close(gathered(grid, sht(tile_of(grid, x))), serial(x), 1e-12)
+    isht = thd.DistributedInverseRealSHT(nlat, nlon, grid="legendre-gauss", process_grid=grid)
+    c = serial(x)
+    block = c[..., grid.local_slices(sht.lmax, sht.mmax)[0], grid.local_slices(sht.lmax, sht.mmax)[1]]
+    assert close(gathered(grid, isht(block.contiguous())), th.InverseRealSHT(nlat, nlon, grid="legendre-gauss")
+                 .double()(c), 1e-12)
+    for normalize in (False, True):
+        quad = thd.DistributedQuadratureS2((nlat, nlon), grid="lobatto", normalize=normalize, process_grid=grid)
+        reference = th.QuadratureS2((nlat, nlon), grid="lobatto", normalize=normalize)
+        expected = (x * reference.quad_weight.double()).sum(dim=(-2, -1))  # its weights, in float64
+        assert close(quad(tile_of(grid, x)), expected, 1e-6)   # torch-harmonics' weights are float32
+        assert quad(tile_of(grid, x)).shape == (3,)
+
+
+def row_weights(nlat, nlon, grid="equiangular"):
+    """torch-harmonics' quadrature weights in float64 (its QuadratureS2 holds them in float32), ``(nlat, 1)``."""
+    _, w = th.quadrature.precompute_latitudes(nlat, grid=grid)
+    return w.double()[:, None] * (2 * numpy.pi / nlon)
+
+
+class SerialSpectralConv(torch.nn.Module):
+    """torch-harmonics' SpectralConvS2 step by step in float64 (its module computes in float32)."""
+
+    def __init__(self, module, in_shape, out_shape, grid_in, grid_out):
+        super().__init__()
+        lmax = module.lmax
+        self.sht = th.RealSHT(*in_shape, lmax=lmax, mmax=lmax, grid=grid_in).double()
+        self.isht = th.InverseRealSHT(*out_shape, lmax=lmax, mmax=lmax, grid=grid_out).double()
+        self.grid_in = grid_in
+        self.weight = torch.nn.Parameter(module.weight.detach().to(torch.complex128))
+        bias = getattr(module, "spectral_bias", None)
+        self.spectral_bias = None if bias is None else torch.nn.Parameter(bias.detach().to(torch.complex128))
+        self.groups = module.num_groups
+
+    def forward(self, x):
+        c = self.sht(x)
+        if self.spectral_bias is not None:
+            c = c + (x * row_weights(*x.shape[-2:], self.grid_in)).sum(dim=(-2, -1))[..., None, None] \
+                * self.spectral_bias
+        B, C, L, M = c.shape
+        c = c.reshape(B, self.groups, C // self.groups, L, M)
+        out = torch.einsum("bgixy,giox->bgoxy", c, self.weight)
+        return self.isht(out.reshape(B, -1, L, M))
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_spectral_convolution_matches_torch_harmonics_steps(grid, bias):
+    torch.manual_seed(2)
+    in_shape, out_shape = (16, 32), (12, 24)
+    module = th.SpectralConvS2(in_shape, out_shape, 4, 6, num_groups=2, grid_in="equiangular",
+                               grid_out="legendre-gauss", bias=bias)
+    if bias:
+        with torch.no_grad():
+            module.spectral_bias.normal_()
+    ours = thd.DistributedSpectralConvS2(in_shape, out_shape, 4, 6, num_groups=2, grid_in="equiangular",
+                                         grid_out="legendre-gauss", bias=bias, process_grid=grid)
+    ours.load_state_dict(module.state_dict())     # the serial module's names and shapes
+    serial = SerialSpectralConv(module, in_shape, out_shape, "equiangular", "legendre-gauss")
+    x = torch.randn(2, 4, *in_shape, requires_grad=True)
+    y = serial(x)
+    y_bar = torch.randn_like(y)
+    y.backward(y_bar)
+    x_tile = tile_of(grid, x).requires_grad_(True)
+    y_tile = ours(x_tile)
+    y_tile.backward(tile_of(grid, y_bar))
+    assert close(gathered(grid, y_tile), y.detach(), 1e-12)
+    assert close(gathered(grid, x_tile.grad), x.grad, 1e-11)
+    assert close(ours.weight.grad, serial.weight.grad.to(ours.weight.dtype), 1e-6)   # parameters are complex64
+    if bias:
+        assert close(ours.spectral_bias.grad, serial.spectral_bias.grad.to(torch.complex64), 1e-6)
+
+
+def test_a_parameter_loaded_on_one_rank_only_raises_on_every_rank(grid):
+    torch.manual_seed(3)
+    layer = thd.DistributedDiscreteContinuousConvS2(2, 2, (12, 24), (12, 24), (3,), process_grid=grid)
+    state = {k: v.clone() for k, v in layer.state_dict().items()}
+    if grid.rank == grid.size - 1:
+        state["bias"] += 1
+    layer.load_state_dict(state)
+    x = torch.randn(1, 2, *grid.local_shape(12, 24))
+    if grid.size > 1:
+        with raises(ValueError, match="bias"):
+            layer(x)
+    # new parameters are the same on every rank whatever each rank's generator gives
+    torch.manual_seed(grid.rank)
+    fresh = thd.DistributedSpectralConvS2((12, 24), (12, 24), 2, 2, process_grid=grid)
+    weights = grid.cart.allgather(fresh.weight.detach().numpy())
+    assert all(numpy.array_equal(weights[0], w) for w in weights)
+
+
+def test_a_cutoff_wider_than_the_halo_is_refused_with_the_widest_served(grid):
+    if grid.npolar == 1:  # one polar rank holds every latitude
+        thd.DistributedDiscreteContinuousConvS2(1, 1, (25, 24), (25, 24), (3,), theta_cutoff=2.5, process_grid=grid)
+        return
+    with raises(ValueError, match="the widest cutoff this split serves is"):
+        thd.DistributedDiscreteContinuousConvS2(1, 1, (25, 24), (25, 24), (3,), theta_cutoff=2.5, process_grid=grid)
+
+
+class Network(torch.nn.Module):
+    """A small SFNO-like network: a spectral convolution, a DISCO convolution, a pointwise layer."""
+
+    def __init__(self, spectral, disco, pointwise, share=None):
+        super().__init__()
+        self.spectral, self.disco = spectral, disco
+        self.pointwise = torch.nn.Parameter(pointwise)
+        self.share = share
+
+    def forward(self, x):
+        h = torch.nn.functional.gelu(self.spectral(x))
+        h = torch.nn.functional.gelu(self.disco(h))
+        # the pointwise weights are replicated: on the ranks' tiles through CopyTo (its backward sums the ranks)
+        w = self.pointwise if self.share is None else mt.apply(self.share, self.pointwise)
+        return torch.einsum("oc,bcxy->boxy", w, h) + x[:, :1]
+
+
+def test_training_matches_the_serial_run(grid):
+    torch.manual_seed(4)
+    shape = (16, 32)
+    spectral = th.SpectralConvS2(shape, shape, 2, 3, grid_in="equiangular", grid_out="equiangular")
+    disco = th.DiscreteContinuousConvS2(3, 3, shape, shape, (3,), optimized_kernel=False)
+    pointwise = torch.randn(1, 3)
+    x = torch.randn(2, 2, *shape)
+    target = torch.randn(2, 1, *shape)
+
+    serial_spectral = SerialSpectralConv(spectral, shape, shape, "equiangular", "equiangular")
+    serial = Network(serial_spectral, disco, pointwise.clone())
+    ours_spectral = thd.DistributedSpectralConvS2(shape, shape, 2, 3, process_grid=grid)
+    ours_spectral.weight = torch.nn.Parameter(spectral.weight.detach().to(torch.complex128))
+    ours_disco = thd.DistributedDiscreteContinuousConvS2(3, 3, shape, shape, (3,), process_grid=grid)
+    ours_disco.load_state_dict(disco.state_dict())
+    ours = Network(ours_spectral, ours_disco, pointwise.clone(), share=CopyTo(grid.cart))
+    quad = thd.DistributedQuadratureS2(shape, process_grid=grid)
+
+    def serial_loss():
+        return ((serial(x) - target) ** 2 * row_weights(*shape)).sum()
+
+    losses = []
+    optimisers = [torch.optim.SGD(serial.parameters(), lr=0.05), torch.optim.SGD(ours.parameters(), lr=0.05)]
+    x_tile, target_tile = tile_of(grid, x), tile_of(grid, target)
+    for _ in range(5):
+        for opt in optimisers:
+            opt.zero_grad()
+        a = serial_loss()
+        a.backward()
+        b = quad((ours(x_tile) - target_tile) ** 2).sum()
+        b.backward()
+        losses.append((float(a), float(b)))
+        for opt in optimisers:
+            opt.step()
+    for a, b in losses:
+        assert abs(a - b) <= 1e-10 * abs(a)
+    assert losses[-1][0] < losses[0][0]
+    for (name, p), q in zip(serial.named_parameters(), ours.parameters()):
+        assert close(q.detach().to(p.dtype), p.detach(), 1e-10), name
