@@ -191,3 +191,30 @@ def test_a_halo_call_issues_the_same_operations_at_every_size(grid, shared, requ
                       operations(lambda: halo.accumulate(padded), (HALO,), HALO_WAITS)))
     for rank, counts in enumerate(everywhere(grid, found)):
         assert counts[0] == counts[1] == counts[2], f"rank {rank}: (update, accumulate) counts {counts}"
+
+
+DISCO = str(Path(PACKAGE) / "disco")
+
+
+@pytest.mark.parametrize("transposed", [False, True], ids=["conv", "transpose"])
+def test_a_disco_convolution_issues_the_same_operations_at_every_size(grid, transposed, request):
+    """Forward, adjoint and gradients: a loop over basis functions and band offsets only (3 rows at the default
+    cutoff at every resolution), none over rows, channels or fields. Only the convolution's own code is counted
+    (the halo, transposes and FFT stages are counted by their own tests; their rounds poll while messages travel).
+    """
+    few_ranks(grid, request.config)
+    from mpisphere import DiscoConvS2, DiscoConvTransposeS2
+    found = []
+    with config.override(device_kernels=True):
+        for nlat, batch, channels in ((17, 2, 2), (33, 2, 2), (17, 4, 3)):
+            shape = (nlat, 2 * nlat - 2)
+            weight = numpy.random.default_rng(3).standard_normal((channels, channels, 2))
+            cls = DiscoConvTransposeS2 if transposed else DiscoConvS2
+            op = cls(grid, shape, shape, (3,), weight, fft="numpy")
+            x = rank_rng(grid.cart).standard_normal(op.domain_shape((batch,)))
+            y = rank_rng(grid.cart).standard_normal(op.range_shape((batch,)))
+            op.forward(x), op.adjoint(y), op.gradients(x, y)   # pipelines and tables made
+            found.append((operations(lambda: op.forward(x), (DISCO,)), operations(lambda: op.adjoint(y), (DISCO,)),
+                          operations(lambda: op.gradients(x, y), (DISCO,))))
+    for rank, counts in enumerate(everywhere(grid, found)):
+        assert counts[0] == counts[1] == counts[2], f"rank {rank}: (forward, adjoint, gradients) counts {counts}"
