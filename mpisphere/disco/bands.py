@@ -40,6 +40,9 @@ class BandTable:
     start: numpy.ndarray
     _device: dict = dataclasses.field(default_factory=dict)
 
+    def __post_init__(self):
+        self.pieces = _pieces(self.start)
+
     @property
     def width(self):
         return self.table.shape[1]
@@ -53,6 +56,43 @@ class BandTable:
         if "rows" not in self._device:
             self._device["rows"] = self.start[None, :] + numpy.arange(self.width)[:, None]
         return backend.on_device_of(like, (self.table, self._device["rows"]), self._device)
+
+
+def _runs(start, rows):
+    """``[(t0, t1, first, step)]``: the target rows ``rows[t0:t1]`` read ``first + step * i``, arithmetic runs."""
+    runs, i, n = [], 0, len(rows)
+    while i < n:
+        step = int(start[rows[i + 1]] - start[rows[i]]) if i + 1 < n else 0
+        k = i + 1
+        while k < n and start[rows[k]] - start[rows[k - 1]] == step and step >= 0:
+            k += 1
+        if step < 0:
+            step, k = 0, i + 1
+        runs.append((i, k, int(start[rows[i]]), step))
+        i = k
+    return runs
+
+
+def _pieces(start, most=6):
+    """How a band's rows are read as strided views: ``[(target slice, first source row, source step)]``.
+
+    The targets are split into ``q`` interleaved classes (``t = r, r + q, ...``; ``q`` up to 4: a grid
+    twice as fine reads each source row twice) and each class into runs whose first rows grow by a
+    fixed step; a handful of views then covers every row, whatever the resolution. ``None`` when no
+    ``q`` gives at most ``most`` views per class (the rows are then gathered).
+    """
+    n = len(start)
+    for q in range(1, 5):
+        pieces = []
+        for r in range(min(q, n)):
+            rows = numpy.arange(r, n, q)
+            runs = _runs(start, rows)
+            if len(runs) > most:
+                break
+            pieces += [(slice(r + q * t0, r + q * (t1 - 1) + 1, q), first, step) for t0, t1, first, step in runs]
+        else:
+            return pieces
+    return None
 
 
 def _one_side(targets, sources, kernel, cols, values, kernel_size, ntargets, nsources, nfft, orders, conjugate,
@@ -125,14 +165,29 @@ def band_tables(tensor, targets_of, sources_of, target_range, source_first, nsou
 def apply_band(band, k, source, out, scratch):
     """``out[..., t, m] = sum_j table[k, j, t, m] * source[..., start[t] + j, m]`` (overwrites ``out``).
 
-    ``source``: ``(L, S, M)``; ``out`` and ``scratch``: ``(L, T, M)``, complex.
+    ``source``: ``(L, S, M)``; ``out`` and ``scratch``: ``(L, T, M)``, complex. The source rows are read
+    as strided views (:func:`_pieces`), so no rows are copied; where the band's starts have no such
+    structure they are gathered.
     """
     table, rows = band.on(source)
     xp = backend.array_module(source)
     for j in range(band.width):
-        gathered = xp.take(source, rows[j], axis=1, out=scratch) if xp is numpy else source[:, rows[j], :]
-        if j == 0:
-            xp.multiply(gathered, table[k, j], out=out)
-        else:
-            gathered *= table[k, j]
-            out += gathered
+        weights = table[k, j]
+        if band.pieces is None:
+            gathered = xp.take(source, rows[j], axis=1, out=scratch) if xp is numpy else source[:, rows[j], :]
+            if j == 0:
+                xp.multiply(gathered, weights, out=out)
+            else:
+                gathered *= weights
+                out += gathered
+            continue
+        for target, first, step in band.pieces:
+            count = len(range(target.start, target.stop, target.step))
+            view = source[:, first + j:first + j + step * (count - 1) + 1:step] if step else \
+                source[:, first + j:first + j + 1]
+            if j == 0:
+                xp.multiply(view, weights[target], out=out[:, target])
+            else:
+                part = scratch[:, target]
+                xp.multiply(view, weights[target], out=part)
+                out[:, target] += part

@@ -330,29 +330,40 @@ class _DiscoBase(LinearOperator):
         return out
 
     def _contract(self, direction, source, target, batch):
-        """The contraction stage: ``target`` = the contraction (``direction``) of ``source``."""
+        """The contraction stage: ``target`` = the contraction (``direction``) of ``source``.
+
+        The band of each basis function acts on rows and orders alike for every channel, so it commutes with
+        the weights' mixing of channels: it runs on the side with fewer channels.
+        """
         xp = backend.array_module(source)
         mixing, mixing_t = self._mixers(source)
-        forward_band, adjoint_band = self.bands
-        weights_after = (direction == FORWARD) != self._transposed   # the convolution mixes channels last
-        band = forward_band if direction == FORWARD else adjoint_band
+        band = self.bands[0] if direction == FORWARD else self.bands[1]
         rows_out = target.shape[1]
         channels_in, channels_out = (self.in_channels, self.out_channels) if direction == FORWARD else \
             (self.out_channels, self.in_channels)
         mix = mixing if direction == FORWARD else mixing_t
         target_real = self._real(target, batch, channels_out)
         for k in range(self.basis.kernel_size):
-            if weights_after:
+            if channels_in <= channels_out:   # band, then mix
                 expanded = self._band(band, k, source, rows_out, "expanded")
-                product = xp.matmul(mix[k], self._real(expanded, batch, channels_in))
-            else:
+                self._mix_into(xp, mix[k], self._real(expanded, batch, channels_in), target_real, k > 0)
+            else:                             # mix, then band
                 mixed = self._buffer("mixed", source, (batch * channels_out,) + source.shape[1:], self.cdtype)
-                self._real(mixed, batch, channels_out)[...] = xp.matmul(mix[k], self._real(source, batch, channels_in))
-                product = self._real(self._band(band, k, mixed, rows_out, "expanded"), batch, channels_out)
-            if k == 0:
-                target_real[...] = product
-            else:
-                target_real += product
+                xp.matmul(mix[k], self._real(source, batch, channels_in), out=self._real(mixed, batch, channels_out))
+                expanded = self._band(band, k, mixed, rows_out, "expanded")
+                if k == 0:
+                    target[...] = expanded
+                else:
+                    target += expanded
+
+    def _mix_into(self, xp, weights, source, target, accumulate):
+        """``target (+)= weights @ source``: ``(g, a, b)`` on ``(B, g, b, Z)`` into ``(B, g, a, Z)``."""
+        if not accumulate:
+            xp.matmul(weights, source, out=target)
+            return
+        product = self._buffer("product", target, target.shape, target.dtype)
+        xp.matmul(weights, source, out=product)
+        target += product
 
     def _run(self, direction, x, out, context):
         side_in, side_out = self._sides() if direction == FORWARD else self._sides()[::-1]
@@ -426,27 +437,25 @@ class _DiscoBase(LinearOperator):
         og, cg = self.out_channels // g, self.in_channels // g
         grad = numpy.zeros((g, og, cg, K), dtype=numpy.float64)
 
-        def inner(a, b):
-            # sum over the batch and the spectrum of a (B, g, og, Z) and b (B, g, cg, Z): (g, og, cg)
-            options = {"optimize": True} if xp is numpy else {}
-            found = xp.einsum("bgoz,bgcz->goc", a, b, **options)
-            return found if xp is numpy else xp.asnumpy(found)
-
-        forward_band, adjoint_band = self.bands
+        # the band commutes with the channel mixing: y = sum_k W_k B_k x, so with U_k = B_k^H y_bar the
+        # weights' gradient is <U_k, x> and the input's sum_k W_k^T U_k (one band per basis function for both)
+        _, mixing_t = self._mixers(x)
+        x_spectrum = self._real(spectrum_in, batch, self.in_channels)
+        x_bar_spectrum = None
+        if input_gradient:
+            x_bar_spectrum = self._buffer("input cotangent", x, spectrum_in.shape, self.cdtype)
         for k in range(K):
-            if self._transposed:  # out = sum_k band_k(W_k x): <band_k^H y_bar, x>
-                expanded = self._band(adjoint_band, k, spectrum_out, self.source_rows, "expanded")
-                grad[..., k] = inner(self._real(expanded, batch, self.out_channels),
-                                     self._real(spectrum_in, batch, self.in_channels))
-            else:                 # out = sum_k W_k band_k(x): <y_bar, band_k(x)>
-                expanded = self._band(forward_band, k, spectrum_in, self.tile_out[0], "expanded")
-                grad[..., k] = inner(self._real(spectrum_out, batch, self.out_channels),
-                                     self._real(expanded, batch, self.in_channels))
+            expanded = self._band(self.bands[1], k, spectrum_out, self.source_rows, "expanded")
+            u = self._real(expanded, batch, self.out_channels)
+            # sum over the batch of (g, og, Z) @ (g, Z, cg): one batched product, no copies
+            found = xp.matmul(u, x_spectrum.swapaxes(-1, -2)).sum(axis=0)
+            grad[..., k] = found if xp is numpy else xp.asnumpy(found)
+            if input_gradient:
+                self._mix_into(xp, mixing_t[k], u, self._real(x_bar_spectrum, batch, self.in_channels), k > 0)
         x_bar = None
         if input_gradient:
             x_bar = xp.empty(tuple(lead) + (self.in_channels,) + self.tile_in, dtype=self.dtype)
-            self._contract(ADJOINT, spectrum_out, spectrum_in, batch)
-            self._front_adjoint(spectrum_in, batch, x_bar.reshape(xb.shape), context)
+            self._front_adjoint(x_bar_spectrum, batch, x_bar.reshape(xb.shape), context)
         total = numpy.empty_like(grad)
         collectives.allreduce(self.grid.cart, grad, total)
         weight_bar = total.reshape(self.out_channels, cg, K).astype(self.dtype)
