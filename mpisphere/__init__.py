@@ -66,6 +66,7 @@ _PUBLIC = {
     "DiscoConvTransposeS2": "disco",
     "QuadratureS2": "integral",
     "SpectralConvS2": "spectral_convolution",
+    "ResampleS2": "resample",
 }
 
 __all__ = list(_PUBLIC)

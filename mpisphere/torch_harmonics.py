@@ -54,6 +54,7 @@ from .integral import QuadratureS2
 from .operators import FORWARD
 from .partition import split_sizes
 from .quadrature import truncate_sht
+from .resample import ResampleS2
 from .sht import (DistributedInverseRealSHT as _InverseSHT, DistributedInverseRealVectorSHT as _InverseVectorSHT,
                   DistributedRealSHT as _SHT, DistributedRealVectorSHT as _VectorSHT)
 from .spectral_convolution import SpectralConvS2, spectral_truncation
@@ -63,7 +64,7 @@ __all__ = ["init", "finalize", "is_initialized", "process_grid", "polar_group_si
            "polar_group_rank", "azimuth_group_rank", "compute_split_shapes", "DistributedRealSHT",
            "DistributedInverseRealSHT", "DistributedRealVectorSHT", "DistributedInverseRealVectorSHT",
            "DistributedDiscreteContinuousConvS2", "DistributedDiscreteContinuousConvTransposeS2",
-           "DistributedQuadratureS2", "DistributedSpectralConvS2"]
+           "DistributedQuadratureS2", "DistributedResampleS2", "DistributedSpectralConvS2"]
 
 _DEFAULT_GRID = contextvars.ContextVar("mpisphere.torch_harmonics grid", default=None)
 
@@ -199,6 +200,27 @@ class DistributedQuadratureS2(torch.nn.Module):
         self.lat_shapes = compute_split_shapes(img_shape[0], pg.npolar)
         self.lon_shapes = compute_split_shapes(img_shape[1], pg.nazimuth)
         self._ops = _PerDtype(lambda dtype: QuadratureS2(pg, self.img_shape, grid, normalize, dtype=dtype))
+
+    def forward(self, x):
+        return apply(self._ops(x.dtype), x)
+
+
+class DistributedResampleS2(torch.nn.Module):
+    """torch-harmonics' ``DistributedResampleS2`` (``mode="bilinear"``): tiles of one grid to tiles of another."""
+
+    def __init__(self, nlat_in, nlon_in, nlat_out, nlon_out, grid_in="equiangular", grid_out="equiangular",
+                 mode="bilinear", *, process_grid=None):
+        super().__init__()
+        pg = _grid_of(process_grid)
+        self.nlat_in, self.nlon_in, self.nlat_out, self.nlon_out = nlat_in, nlon_in, nlat_out, nlon_out
+        self.mode = mode
+        self.lat_in_shapes = compute_split_shapes(nlat_in, pg.npolar)
+        self.lon_in_shapes = compute_split_shapes(nlon_in, pg.nazimuth)
+        self.lat_out_shapes = compute_split_shapes(nlat_out, pg.npolar)
+        self.lon_out_shapes = compute_split_shapes(nlon_out, pg.nazimuth)
+        self._ops = _PerDtype(lambda dtype: ResampleS2(pg, (nlat_in, nlon_in), (nlat_out, nlon_out), grid_in,
+                                                       grid_out, mode, dtype=dtype))
+        self._ops(torch.float32)   # built now: a bad argument is refused at construction, on every rank
 
     def forward(self, x):
         return apply(self._ops(x.dtype), x)

@@ -1,0 +1,230 @@
+"""Bilinear resampling of distributed tiles between grids (torch-harmonics' ``ResampleS2``, ``mode="bilinear"``).
+
+Each output point interpolates linearly between two input latitudes, then
+between two input longitudes (periodic), with torch-harmonics 0.9.3's
+indices and weights (its weights are held in float32; so are these, for the
+same numbers). Output latitudes beyond the input's outermost ones
+interpolate towards the pole, whose value is the mean of the outermost input
+ring. Distributed, a rank's output points read input rows of its polar
+neighbours and columns of its azimuth neighbours through one
+:class:`~mpisphere.HaloExchange` (widths from the geometry), and the pole
+means come from one sum over the azimuth ranks; the interpolation itself is
+two small matrix products per call (latitudes, then longitudes), so the
+adjoint is their transposes, the sum again and the halo's adjoint.
+"""
+
+import math
+
+import numpy
+
+from . import backend, collectives
+from .agreement import InputError, agree_construction
+from .halo import HaloExchange
+from .operators import ADJOINT, DISTRIBUTED, FORWARD, Layout, LinearOperator
+from .quadrature import latitudes
+from .validation import check_choice, check_dtype, check_int
+
+__all__ = ["ResampleS2"]
+
+
+def _lerp_table(points_in, points_out, periodic):
+    """torch-harmonics' ``(left, right, weight)`` of each output point (weights rounded to float32)."""
+    left = numpy.searchsorted(points_in, points_out, side="right") - 1
+    if periodic:
+        right = numpy.where(points_out >= points_in[-1], 0, left + 1)
+        gap = points_in[right] - points_in[left]
+        gap = numpy.where(gap <= 0.0, gap + 2.0 * math.pi, gap)
+    else:
+        left = numpy.where(points_out == points_in[-1], left - 1, left)
+        right = left + 1
+        gap = numpy.diff(points_in)[left]
+    weight = ((points_out - points_in[left]) / gap).astype(numpy.float32).astype(numpy.float64)
+    return left, right, weight
+
+
+class ResampleS2(LinearOperator):
+    """Bilinear resampling from ``in_shape`` to ``out_shape`` of distributed tiles.
+
+    Parameters
+    ----------
+    grid : ProcessGrid
+    in_shape, out_shape : (int, int)
+        ``(nlat, nlon)`` of the two grids.
+    quadrature_in, quadrature_out : str
+        Their latitude rules (torch-harmonics' ``grid_in``, ``grid_out``).
+    mode : {"bilinear"}
+        torch-harmonics' ``"bilinear-spherical"`` interpolates angles (a
+        nonlinear map with no adjoint) and is not offered.
+    dtype : float32 or float64, keyword-only
+
+    Notes
+    -----
+    ``forward``: ``(..., h, w)`` (this rank's tile of ``in_shape``) ->
+    ``(..., h', w')`` (its tile of ``out_shape``); ``adjoint``: the exact
+    adjoint. Collective over ``grid.cart``; construction too.
+
+    Raises
+    ------
+    ValueError
+        At construction on every rank: output points that read rows or
+        columns beyond the neighbouring ranks (too many ranks for the grids).
+    """
+
+    def __init__(self, grid, in_shape, out_shape, quadrature_in="equiangular", quadrature_out="equiangular",
+                 mode="bilinear", *, dtype=numpy.float64):
+        agree_construction(self, grid.cart, who="ResampleS2")
+        who = self.name
+        check_choice(mode, ("bilinear",), "mode", who)
+        self.grid = grid
+        self.in_shape = tuple(check_int(v, "in_shape", who, minimum=2) for v in in_shape)
+        self.out_shape = tuple(check_int(v, "out_shape", who, minimum=1) for v in out_shape)
+        self.dtype = check_dtype(dtype, "transformed", "dtype", who)
+        (nlat_in, nlon_in), (nlat_out, nlon_out) = self.in_shape, self.out_shape
+        theta_in, _ = latitudes(nlat_in, quadrature_in)
+        theta_out, _ = latitudes(nlat_out, quadrature_out)
+        self.expand_poles = bool((theta_out > theta_in[-1]).any() or (theta_out < theta_in[0]).any())
+        extended = numpy.concatenate([[0.0], theta_in, [math.pi]]) if self.expand_poles else theta_in
+        lat_left, lat_right, lat_weight = _lerp_table(extended, theta_out, periodic=False)
+        lons_in = numpy.linspace(0.0, 2.0 * math.pi, nlon_in + 1)[:-1]
+        lons_out = numpy.linspace(0.0, 2.0 * math.pi, nlon_out + 1)[:-1]
+        lon_left, lon_right, lon_weight = _lerp_table(lons_in, lons_out, periodic=True)
+        # input rows by their index in the input grid; the poles are -1 (north) and nlat_in (south)
+        shift = 1 if self.expand_poles else 0
+        rows = numpy.stack([lat_left, lat_right]) - shift
+        self.rows, self.cols = self._widths(rows, numpy.stack([lon_left, lon_right]))
+        self.halo = HaloExchange(grid, self.rows, self.cols, extents=self.in_shape) if self.rows or self.cols else None
+        lat_in, lon_in = grid.local_slices(nlat_in, nlon_in)
+        lat_out, lon_out = grid.local_slices(nlat_out, nlon_out)
+        self.tile_in = (lat_in.stop - lat_in.start, lon_in.stop - lon_in.start)
+        self.tile_out = (lat_out.stop - lat_out.start, lon_out.stop - lon_out.start)
+        padded_rows = self.tile_in[0] + 2 * self.rows
+        padded_cols = self.tile_in[1] + 2 * self.cols
+        # latitudes: (h', padded rows + the two pole rows)
+        lat_matrix = numpy.zeros((self.tile_out[0], padded_rows + 2))
+        for t in range(lat_out.start, lat_out.stop):
+            for row, w in ((rows[0, t], 1.0 - lat_weight[t]), (rows[1, t], lat_weight[t])):
+                local = padded_rows if row < 0 else padded_rows + 1 if row >= nlat_in else \
+                    row - lat_in.start + self.rows
+                lat_matrix[t - lat_out.start, local] += w
+        # longitudes: (w', padded columns), the needed column taken nearest this rank's own
+        lon_matrix = numpy.zeros((self.tile_out[1], padded_cols))
+        for q in range(lon_out.start, lon_out.stop):
+            for col, w in ((lon_left[q], 1.0 - lon_weight[q]), (lon_right[q], lon_weight[q])):
+                local = _nearest(col, lon_in.start, lon_in.stop, nlon_in) - lon_in.start + self.cols
+                lon_matrix[q - lon_out.start, local] += w
+        self.north = grid.polar_rank == 0 and lat_matrix[:, padded_rows].any()
+        self.south = grid.polar_rank == grid.npolar - 1 and lat_matrix[:, padded_rows + 1].any()
+        self._lat = numpy.ascontiguousarray(lat_matrix, dtype=self.dtype)
+        self._lon_t = numpy.ascontiguousarray(lon_matrix.T, dtype=self.dtype)
+        self._device = {}
+        self._workspace = backend.Workspace()
+        self.domain = self.range = Layout(DISTRIBUTED, grid.cart)
+        self._comm = grid.cart
+
+    def _widths(self, rows, cols):
+        """The halo's rows and columns: the furthest any rank's output points read past its own input."""
+        g = self.grid
+        (nlat_in, nlon_in), (nlat_out, nlon_out) = self.in_shape, self.out_shape
+        lat_in_sizes, lat_out_sizes = g.lat_sizes(nlat_in), g.lat_sizes(nlat_out)
+        lon_in_sizes, lon_out_sizes = g.lon_sizes(nlon_in), g.lon_sizes(nlon_out)
+        need_rows = need_cols = 0
+        start_in = start_out = 0
+        for p, (n_in, n_out) in enumerate(zip(lat_in_sizes, lat_out_sizes)):
+            read = rows[:, start_out:start_out + n_out]
+            inside = read[(read >= 0) & (read < nlat_in)]
+            if inside.size:
+                need_rows = max(need_rows, start_in - inside.min(), inside.max() - (start_in + n_in - 1))
+            poles = read[(read < 0) | (read >= nlat_in)]
+            if ((poles < 0).any() and p != 0) or ((poles >= nlat_in).any() and p != g.npolar - 1):
+                raise ValueError(f"{self.name}: output latitudes split as {lat_out_sizes} put rows beyond the "
+                                 f"input's outermost latitude on a polar rank that does not hold it; use fewer polar "
+                                 "ranks")
+            start_in += n_in
+            start_out += n_out
+        start_in = start_out = 0
+        for n_in, n_out in zip(lon_in_sizes, lon_out_sizes):
+            for col in cols[:, start_out:start_out + n_out].reshape(-1):
+                j = _nearest(col, start_in, start_in + n_in, nlon_in)
+                need_cols = max(need_cols, start_in - j, j - (start_in + n_in - 1))
+            start_in += n_in
+            start_out += n_out
+        smallest_rows, smallest_cols = min(lat_in_sizes), min(lon_in_sizes)
+        if g.npolar > 1 and need_rows > smallest_rows or g.nazimuth > 1 and need_cols > smallest_cols:
+            raise ValueError(f"{self.name}: the output points read {need_rows} rows and {need_cols} columns past "
+                             f"their rank's input tile, more than the smallest tile ({smallest_rows} x "
+                             f"{smallest_cols}) holds; use fewer ranks")
+        return int(need_rows), int(need_cols)
+
+    def _shapes(self, lead):
+        return lead + self.tile_in, lead + self.tile_out
+
+    def _output(self, direction, spec):
+        tile, other, whole = (self.tile_in, self.tile_out, self.in_shape) if direction == FORWARD else \
+            (self.tile_out, self.tile_in, self.out_shape)
+        if spec.dtype != self.dtype:
+            raise InputError(f"expected {self.dtype.name}, got {spec.dtype.name}", TypeError)
+        if len(spec.shape) < 2 or tuple(spec.shape[-2:]) != tile:
+            whole_given = len(spec.shape) >= 2 and tuple(spec.shape[-2:]) == whole and self.grid.size > 1
+            cause = (f"got the whole {whole[0]} x {whole[1]} field where this rank's tile belongs" if whole_given
+                     else f"the last two axes of {tuple(spec.shape)} are not this rank's tile")
+            raise InputError(f"{cause}\n  fix: pass grid.local_shape{whole} per rank (grid.scatter)\n  rank "
+                             f"{self.grid.rank}: expected (..., {tile[0]}, {tile[1]}), got {tuple(spec.shape)}")
+        return spec.but(shape=tuple(spec.shape[:-2]) + other), spec.describe((-2, -1))
+
+    def _matrices(self, like):
+        return backend.on_device_of(like, (self._lat, self._lon_t), self._device)
+
+    def _pole_sums(self, rows, context):
+        """Sum over the azimuth ranks of ``rows`` ``(..., 2)`` (the north and south values), in place."""
+        if self.grid.nazimuth > 1:
+            send = rows.copy()
+            collectives.allreduce(self.grid.azimuth, send.reshape(-1), rows.reshape(-1), staged=context.staged,
+                                  workspace=self._workspace)
+
+    def _run(self, direction, x, out, context):
+        xp = backend.array_module(x)
+        lat, lon_t = self._matrices(x)
+        lead = x.shape[:-2]
+        batch = math.prod(lead)
+        h, w = self.tile_in
+        rows_padded, cols_padded = h + 2 * self.rows, w + 2 * self.cols
+        nlon_in = self.in_shape[1]
+        if direction == FORWARD:
+            extended = xp.zeros((batch, rows_padded + 2, cols_padded), dtype=self.dtype)
+            flat = xp.ascontiguousarray(x).reshape(batch, h, w)
+            if self.rows or self.cols:
+                self.halo._run(FORWARD, flat, extended[:, :rows_padded], context)
+            else:
+                extended[:, :rows_padded] = flat
+            poles = xp.zeros((batch, 2), dtype=self.dtype)
+            if self.north:
+                poles[:, 0] = flat[:, 0].sum(axis=-1)
+            if self.south:
+                poles[:, 1] = flat[:, -1].sum(axis=-1)
+            self._pole_sums(poles, context)
+            extended[:, rows_padded:] = (poles / nlon_in)[:, :, None]
+            out[...] = xp.matmul(xp.matmul(lat, extended), lon_t).reshape(out.shape)
+            return
+        y = xp.ascontiguousarray(x).reshape((batch,) + self.tile_out)
+        extended = xp.matmul(xp.matmul(lat.T, y), lon_t.T)          # (B, rows + 2, cols)
+        poles = xp.ascontiguousarray(extended[:, rows_padded:].sum(axis=-1))
+        self._pole_sums(poles, context)
+        target = out.reshape(batch, h, w)
+        if self.rows or self.cols:
+            self.halo._run(ADJOINT, xp.ascontiguousarray(extended[:, :rows_padded]), target, context)
+        else:
+            target[...] = extended[:, :rows_padded]
+        if self.north:
+            target[:, 0] += (poles[:, 0] / nlon_in)[:, None]
+        if self.south:
+            target[:, -1] += (poles[:, 1] / nlon_in)[:, None]
+
+
+def _nearest(col, start, stop, n):
+    """The representative of column ``col`` (mod ``n``) nearest the range ``[start, stop)``."""
+    best = None
+    for candidate in (col - n, col, col + n):
+        distance = start - candidate if candidate < start else candidate - (stop - 1) if candidate >= stop else 0
+        if best is None or distance < best[0]:
+            best = (distance, candidate)
+    return best[1]
