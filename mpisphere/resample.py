@@ -99,24 +99,26 @@ class ResampleS2(LinearOperator):
         self.tile_out = (lat_out.stop - lat_out.start, lon_out.stop - lon_out.start)
         padded_rows = self.tile_in[0] + 2 * self.rows
         padded_cols = self.tile_in[1] + 2 * self.cols
-        # latitudes: (h', padded rows + the two pole rows)
-        lat_matrix = numpy.zeros((self.tile_out[0], padded_rows + 2))
+        # latitudes: each own output row from two rows of (padded rows + the north and south pole rows)
+        lat_index, lat_weights = [], []
         for t in range(lat_out.start, lat_out.stop):
-            for row, w in ((rows[0, t], 1.0 - lat_weight[t]), (rows[1, t], lat_weight[t])):
-                local = padded_rows if row < 0 else padded_rows + 1 if row >= nlat_in else \
-                    row - lat_in.start + self.rows
-                lat_matrix[t - lat_out.start, local] += w
-        # longitudes: (w', padded columns), the needed column taken nearest this rank's own
-        lon_matrix = numpy.zeros((self.tile_out[1], padded_cols))
+            pair = [padded_rows if row < 0 else padded_rows + 1 if row >= nlat_in else row - lat_in.start + self.rows
+                    for row in rows[:, t]]
+            lat_index.append(pair)
+            lat_weights.append((1.0 - lat_weight[t], lat_weight[t]))
+        # longitudes: each own output column from two padded columns (the needed column nearest this rank's own)
+        lon_index, lon_weights = [], []
         for q in range(lon_out.start, lon_out.stop):
-            for col, w in ((lon_left[q], 1.0 - lon_weight[q]), (lon_right[q], lon_weight[q])):
-                local = _nearest(col, lon_in.start, lon_in.stop, nlon_in) - lon_in.start + self.cols
-                lon_matrix[q - lon_out.start, local] += w
-        self.north = grid.polar_rank == 0 and lat_matrix[:, padded_rows].any()
-        self.south = grid.polar_rank == grid.npolar - 1 and lat_matrix[:, padded_rows + 1].any()
-        self._lat = numpy.ascontiguousarray(lat_matrix, dtype=self.dtype)
-        self._lon_t = numpy.ascontiguousarray(lon_matrix.T, dtype=self.dtype)
-        self._device = {}
+            lon_index.append([_nearest(col, lon_in.start, lon_in.stop, nlon_in) - lon_in.start + self.cols
+                              for col in (lon_left[q], lon_right[q])])
+            lon_weights.append((1.0 - lon_weight[q], lon_weight[q]))
+        self._rows = _Stencil(numpy.array(lat_index).reshape(-1, 2), numpy.array(lat_weights).reshape(-1, 2),
+                              padded_rows + 2, self.dtype)
+        self._cols = _Stencil(numpy.array(lon_index).reshape(-1, 2), numpy.array(lon_weights).reshape(-1, 2),
+                              padded_cols, self.dtype)
+        uses = numpy.array(lat_index).reshape(-1, 2)
+        self.north = bool(grid.polar_rank == 0 and (uses == padded_rows).any())
+        self.south = bool(grid.polar_rank == grid.npolar - 1 and (uses == padded_rows + 1).any())
         self._workspace = backend.Workspace()
         self.domain = self.range = Layout(DISTRIBUTED, grid.cart)
         self._comm = grid.cart
@@ -171,9 +173,6 @@ class ResampleS2(LinearOperator):
                              f"{self.grid.rank}: expected (..., {tile[0]}, {tile[1]}), got {tuple(spec.shape)}")
         return spec.but(shape=tuple(spec.shape[:-2]) + other), spec.describe((-2, -1))
 
-    def _matrices(self, like):
-        return backend.on_device_of(like, (self._lat, self._lon_t), self._device)
-
     def _pole_sums(self, rows, context):
         """Sum over the azimuth ranks of ``rows`` ``(..., 2)`` (the north and south values), in place."""
         if self.grid.nazimuth > 1:
@@ -183,7 +182,6 @@ class ResampleS2(LinearOperator):
 
     def _run(self, direction, x, out, context):
         xp = backend.array_module(x)
-        lat, lon_t = self._matrices(x)
         lead = x.shape[:-2]
         batch = math.prod(lead)
         h, w = self.tile_in
@@ -203,10 +201,10 @@ class ResampleS2(LinearOperator):
                 poles[:, 1] = flat[:, -1].sum(axis=-1)
             self._pole_sums(poles, context)
             extended[:, rows_padded:] = (poles / nlon_in)[:, :, None]
-            out[...] = xp.matmul(xp.matmul(lat, extended), lon_t).reshape(out.shape)
+            out[...] = self._cols.apply(self._rows.apply(extended, 1), 2).reshape(out.shape)
             return
         y = xp.ascontiguousarray(x).reshape((batch,) + self.tile_out)
-        extended = xp.matmul(xp.matmul(lat.T, y), lon_t.T)          # (B, rows + 2, cols)
+        extended = self._rows.adjoint(self._cols.adjoint(y, 2), 1)     # (B, rows + 2, cols)
         poles = xp.ascontiguousarray(extended[:, rows_padded:].sum(axis=-1))
         self._pole_sums(poles, context)
         target = out.reshape(batch, h, w)
@@ -218,6 +216,48 @@ class ResampleS2(LinearOperator):
             target[:, 0] += (poles[:, 0] / nlon_in)[:, None]
         if self.south:
             target[:, -1] += (poles[:, 1] / nlon_in)[:, None]
+
+
+class _Stencil:
+    """Each of ``n`` targets from ``r`` sources along one axis: ``out[t] = sum_s weight[t, s] src[index[t, s]]``.
+
+    The adjoint reads the same entries from the sources' side (each source
+    from the few targets that read it, zero weights padding), so both
+    directions are ``r`` gathers of whole slabs whatever the grid's size.
+    """
+
+    def __init__(self, index, weights, nsources, dtype):
+        self.index = numpy.ascontiguousarray(index.T)                         # (r, n)
+        self.weights = numpy.ascontiguousarray(weights.T, dtype=dtype)
+        readers = [[] for _ in range(nsources)]
+        for t, (sources, ws) in enumerate(zip(index, weights)):
+            for source, w in zip(sources, ws):
+                readers[source].append((t, w))
+        width = max(1, max(len(r) for r in readers))
+        back_index = numpy.zeros((width, nsources), dtype=numpy.int64)
+        back_weights = numpy.zeros((width, nsources), dtype=dtype)
+        for source, entries in enumerate(readers):
+            for s, (t, w) in enumerate(entries):
+                back_index[s, source], back_weights[s, source] = t, w
+        self.back_index, self.back_weights = back_index, back_weights
+        self._device = {}
+
+    def _run(self, x, axis, index, weights):
+        xp = backend.array_module(x)
+        index, weights = backend.on_device_of(x, (index, weights), self._device, key=id(index))
+        shape = [1] * x.ndim
+        shape[axis] = -1
+        out = None
+        for s in range(index.shape[0]):
+            part = xp.take(x, index[s], axis=axis) * weights[s].reshape(shape)
+            out = part if out is None else out + part
+        return out
+
+    def apply(self, x, axis):
+        return self._run(x, axis, self.index, self.weights)
+
+    def adjoint(self, y, axis):
+        return self._run(y, axis, self.back_index, self.back_weights)
 
 
 def _nearest(col, start, stop, n):

@@ -36,9 +36,8 @@ def peak_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def torch_harmonics_layer(grid, args, dtype):
-    """torch-harmonics' distributed layer on process groups laid out as ``grid`` (once per run)."""
-    import torch
+def torch_harmonics_groups(grid):
+    """torch.distributed (gloo) and torch-harmonics' polar and azimuth groups laid out as ``grid``."""
     import torch.distributed as dist
     import torch_harmonics.distributed as thd
     if not dist.is_initialized():
@@ -59,6 +58,13 @@ def torch_harmonics_layer(grid, args, dtype):
     if thd.is_initialized():
         thd.finalize()
     thd.init(polar, azimuth)
+
+
+def torch_harmonics_layer(grid, args, dtype):
+    """torch-harmonics' distributed layer on process groups laid out as ``grid``."""
+    import torch
+    import torch_harmonics.distributed as thd
+    torch_harmonics_groups(grid)
     torch.manual_seed(0)
     shape = (args.nlat, 2 * (args.nlat - 1))
     layer = thd.DistributedDiscreteContinuousConvS2(args.channels, args.channels, shape, shape, (3,), bias=False)
