@@ -80,6 +80,10 @@ def test_fourdvar_lowers_the_error(tmp_path, method):
     ("bench_halo.py", ["--nlat", "33", "--nlon", "64", "--batch", "1,2", "--widths", "1,2", "--repeats", "2",
                        "--warmup", "0"]),
     ("bench_reduced.py", ["--n", "8", "--fields", "2", "--repeats", "1", "--warmup", "0"]),
+    ("bench_disco.py", ["--nlat", "17", "--channels", "2", "--batch", "1", "--repeats", "1", "--warmup", "0",
+                        "--library", "mpisphere"]),
+    ("bench_disco.py", ["--nlat", "17", "--channels", "2", "--batch", "1", "--repeats", "1", "--library",
+                        "mpisphere", "--memory", "--dtypes", "float32"]),
 ])
 def test_benchmarks_run(tmp_path, script, args):
     out = launch(2, script, *args, cwd=tmp_path)
