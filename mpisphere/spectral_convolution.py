@@ -18,7 +18,7 @@ import numpy
 
 from . import backend, collectives, dtypes
 from .agreement import Call, Context, InputError, Spec, agree_construction, collective
-from .agreement.description import describe_value
+from .agreement.description import describe_parameter
 from .integral import QuadratureS2
 from .operators import ADJOINT, DISTRIBUTED, FORWARD, Layout, LinearOperator
 from .quadrature import truncate_sht
@@ -99,7 +99,7 @@ class SpectralConvS2(LinearOperator):
         self.groups, cg, og, _ = host.shape
         self.in_channels, self.out_channels = self.groups * cg, self.groups * og
         self._local_weight = numpy.ascontiguousarray(self._weight[..., self.degrees])
-        self._weight_text = describe_value(self._weight)
+        self._weight_text = describe_parameter(self._weight)
         self._device = {}
 
     @property
@@ -110,7 +110,7 @@ class SpectralConvS2(LinearOperator):
     @bias.setter
     def bias(self, value):
         if value is None:
-            self._bias, self._local_bias, self._bias_text = None, None, "none"
+            self._bias, self._local_bias, self._bias_text = None, None, "None"
             return
         host = numpy.asarray(value if isinstance(value, numpy.ndarray) else backend.array_module(value).asnumpy(value))
         if host.shape != (1, self.in_channels, self.lmax, self.lmax):
@@ -118,7 +118,7 @@ class SpectralConvS2(LinearOperator):
                              f"lmax={self.lmax}), got shape {host.shape}")
         self._bias = numpy.array(host, dtype=self.cdtype)
         self._local_bias = numpy.ascontiguousarray(self._bias[0][:, self.degrees][:, :, self.orders])
-        self._bias_text = describe_value(self._bias)
+        self._bias_text = describe_parameter(self._bias)
         self._device_bias = {}
 
     def _parameters(self, like):
@@ -152,7 +152,7 @@ class SpectralConvS2(LinearOperator):
             side_in, side_out, whole_in, whole_out = side_out, side_in, whole_out, whole_in
         self._check(spec, side_in, whole_in, "input")
         return (spec.but(shape=spec.shape[:-3] + side_out),
-                f"{spec.describe((-2, -1))} weight {self._weight_text} bias {self._bias_text}")
+                f"input={spec.describe((-2, -1))}, weight={self._weight_text}, bias={self._bias_text}")
 
     # --- the call --------------------------------------------------------------------------------
 
@@ -247,9 +247,9 @@ class SpectralConvS2(LinearOperator):
             if tuple(spec_y.shape[:-3]) != tuple(spec_x.shape[:-3]):
                 raise InputError(f"x and y_bar have different leading axes: {spec_x.shape[:-3]} and "
                                  f"{spec_y.shape[:-3]}")
-        call.agree(f"{self._describe()} gradients {bool(input_gradient)} "
-                   f"x {spec_x.describe((-2, -1)) if spec_x is not None else ''} weight {self._weight_text} "
-                   f"bias {self._bias_text}")
+        call.agree(f"{self._describe()} gradients: input_gradient={bool(input_gradient)}, "
+                   f"x={spec_x.describe((-2, -1)) if spec_x is not None else None}, weight={self._weight_text}, "
+                   f"bias={self._bias_text}")
         context = Context.local(spec_x)
         xp = backend.array_module(x)
         lead = tuple(x.shape[:-3])

@@ -48,7 +48,7 @@ import torch
 
 from . import collectives
 from .agreement import Call
-from .agreement.description import describe_value
+from .agreement.description import describe_parameter
 from .disco import DiscoConvS2, DiscoConvTransposeS2, filter_basis
 from .integral import QuadratureS2
 from .operators import FORWARD
@@ -315,7 +315,7 @@ class _DiscoLayer(_ParametrisedLayer):
     def _run_forward(self, x, parameters, recorded):
         op = self._ops(x.dtype)
         op.weight = as_array(parameters[0])
-        op.agree_also = "bias " + ("none" if len(parameters) == 1 else describe_value(as_array(parameters[1])))
+        op.agree_also = "bias=" + ("None" if len(parameters) == 1 else describe_parameter(as_array(parameters[1])))
         y = op._apply(FORWARD, as_array(x), None, purpose=RECORDED if recorded else "")
         if len(parameters) > 1:
             y += as_array(parameters[1]).astype(y.dtype)[:, None, None]

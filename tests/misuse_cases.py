@@ -641,8 +641,46 @@ def a_call_ahead_on_rank_0(comm, grid, me):
     isht.forward(coefficients)
 
 
+def _last(comm, me):
+    return me == comm.Get_size() - 1
+
+
+def disco_tile_on_the_last_rank(comm, grid, me):
+    """The last rank passes one row too many to a DISCO convolution."""
+    from mpisphere import DiscoConvS2
+    conv = DiscoConvS2(grid, (NLAT, 2 * NLON), (NLAT, 2 * NLON), (3,), numpy.ones((2, 2, 2)))
+    h, w = grid.local_shape(NLAT, 2 * NLON)
+    conv.forward(numpy.zeros((1, 2, h + _last(comm, me), w)))
+
+
+def disco_weight_on_the_last_rank(comm, grid, me):
+    """The last rank's weights differ (a checkpoint read on one rank)."""
+    from mpisphere import DiscoConvS2
+    conv = DiscoConvS2(grid, (NLAT, 2 * NLON), (NLAT, 2 * NLON), (3,), numpy.ones((2, 2, 2)))
+    conv.weight = numpy.ones((2, 2, 2)) * (2 if _last(comm, me) else 1)
+    conv.forward(numpy.zeros((1, 2) + grid.local_shape(NLAT, 2 * NLON)))
+
+
+def spectral_convolution_whole_field_on_the_last_rank(comm, grid, me):
+    """The last rank passes the whole field where its tile belongs."""
+    from mpisphere import SpectralConvS2
+    from mpisphere.spectral_convolution import spectral_truncation
+    lmax = spectral_truncation((NLAT, 2 * NLON), (NLAT, 2 * NLON))
+    conv = SpectralConvS2(grid, (NLAT, 2 * NLON), (NLAT, 2 * NLON), numpy.ones((1, 2, 2, lmax), complex))
+    shape = (NLAT, 2 * NLON) if _last(comm, me) else grid.local_shape(NLAT, 2 * NLON)
+    conv.forward(numpy.zeros((1, 2) + shape))
+
+
+def resample_dtype_on_the_last_rank(comm, grid, me):
+    from mpisphere import ResampleS2
+    op = ResampleS2(grid, (NLAT, 2 * NLON), (2 * NLAT, 4 * NLON))
+    op.forward(numpy.zeros(grid.local_shape(NLAT, 2 * NLON), numpy.float32 if _last(comm, me) else numpy.float64))
+
+
 CASES = [chunk_width, batch_gather_from, batch_reduce_from, batch_transpose, batch_halo, batch_sht,
          dtype_gather_from, dtype_copy_to_adjoint, out_shape, out_dtype, out_read_only, other_operator,
+         disco_tile_on_the_last_rank, disco_weight_on_the_last_rank, spectral_convolution_whole_field_on_the_last_rank,
+         resample_dtype_on_the_last_rank,
          other_extent, sht_lmax, halo_wider_than_neighbour, halo_tile_widths, grid_dims, grid_invalid_dims,
          debug_on_one_rank, two_threads_on_one_grid,
          # issue 24

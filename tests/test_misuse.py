@@ -33,6 +33,18 @@ LAUNCH_TIMEOUT = 240
 
 # case -> (exception type, pattern that every rank's message matches); {last} is the last rank
 EXPECTED = {
+    "disco_tile_on_the_last_rank": ("ValueError", r"^DiscoConvS2.forward: rank {last} of {size}: input: the last three "
+                                                  r"axes of \(1, 2, \d+, \d+\) are not \(channels, \*this rank's tile\)"
+                                                  r"\n  fix: pass \(\.\.\., 2, \*grid.local_shape\(13, 20\)\)"),
+    "disco_weight_on_the_last_rank": ("ValueError", r"^DiscoConvS2.forward: the {size} ranks disagree on what they are "
+                                                    r"about to do: weight: {first} '\(2, 2, 2\) float64 [0-9a-f]+', "
+                                                    r"rank {last} '\(2, 2, 2\) float64 [0-9a-f]+'\n  fix: pass the "
+                                                    r"same weight on every rank"),
+    "spectral_convolution_whole_field_on_the_last_rank": (
+        "ValueError", r"^SpectralConvS2.forward: rank {last} of {size}: input: got the whole 13 x 20 field where this "
+                      r"rank's tile belongs"),
+    "resample_dtype_on_the_last_rank": ("TypeError", r"^ResampleS2.forward: rank {last} of {size}: expected float64, "
+                                                     r"got float32"),
     "chunk_width": ("ValueError", r"^GatherFrom.forward: rank {last} of {size}: expected 3 entries along axis -1"),
     "batch_gather_from": ("ValueError", r"^GatherFrom.forward: the {size} ranks disagree on what they are about to "
                                         r"do: input: {most} shape \(2, '\*'\) float64 on host, rank 1 shape \(3, "

@@ -24,6 +24,20 @@ def _array_text(a):
     return f"array({tuple(host.shape)}, {host.dtype.name}, {_hash_bytes(host.tobytes())})"
 
 
+def describe_parameter(value):
+    """An array a call uses (weights set between calls) as a quoted value: ``'(2, 2, 2) float64 <hash>'``.
+
+    Quoted, the description's reader (:mod:`~mpisphere.agreement.differing`)
+    names it by the key it stands under (``weight: ranks 0-2 ..., rank 3
+    ...``) instead of reading ``array(...)`` as a call.
+    """
+    if value is None:
+        return "None"
+    host = value if isinstance(value, numpy.ndarray) else backend.array_module(value).asnumpy(value)
+    host = numpy.ascontiguousarray(host)
+    return f"'{tuple(host.shape)} {host.dtype.name} {_hash_bytes(host.tobytes())}'"
+
+
 def describe_value(value, per_rank=False):
     """The text that stands for one constructor argument in what ranks compare.
 

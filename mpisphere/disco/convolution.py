@@ -31,7 +31,7 @@ import numpy
 
 from .. import backend, collectives, dtypes
 from ..agreement import Call, Context, InputError, Spec, agree_construction, collective
-from ..agreement.description import describe_value
+from ..agreement.description import describe_parameter
 from ..geometry import polar_halo_radius
 from ..halo import HaloExchange
 from ..operators import ADJOINT, DISTRIBUTED, FORWARD, Layout, LinearOperator
@@ -189,7 +189,7 @@ class _DiscoBase(LinearOperator):
         g, og, cg = self.groups, self.out_channels // self.groups, host.shape[1]
         per_kernel = self._weight.reshape(g, og, cg, -1).transpose(3, 0, 1, 2)    # (K, g, og, cg)
         self._mixing = (numpy.ascontiguousarray(per_kernel), numpy.ascontiguousarray(per_kernel.swapaxes(-1, -2)))
-        self._weight_text = describe_value(self._weight)
+        self._weight_text = describe_parameter(self._weight)
         self._device_weights = {}
 
     def _mixers(self, like):
@@ -222,8 +222,9 @@ class _DiscoBase(LinearOperator):
         if direction == ADJOINT:
             side_in, side_out, whole_in, whole_out = side_out, side_in, whole_out, whole_in
         self._check(spec, side_in, whole_in, "input")
+        also = f", {self.agree_also}" if self.agree_also else ""
         return spec.but(shape=spec.shape[:-3] + side_out), \
-            f"{spec.describe((-2, -1))} weight {self._weight_text} {self.agree_also}"
+            f"input={spec.describe((-2, -1))}, weight={self._weight_text}{also}"
 
     # --- the call --------------------------------------------------------------------------------
 
@@ -423,8 +424,8 @@ class _DiscoBase(LinearOperator):
             lead = spec_x.shape[:-3]
             if tuple(spec_y.shape[:-3]) != tuple(lead):
                 raise InputError(f"x and y_bar have different leading axes: {lead} and {spec_y.shape[:-3]}")
-        call.agree(f"{self._describe()} gradients {describe_value(bool(input_gradient))} "
-                   f"x {spec_x.describe((-2, -1)) if lead is not None else ''} weight {self._weight_text}")
+        call.agree(f"{self._describe()} gradients: input_gradient={bool(input_gradient)}, "
+                   f"x={spec_x.describe((-2, -1)) if lead is not None else None}, weight={self._weight_text}")
         context = Context.local(spec_x)
         xp = backend.array_module(x)
         batch = math.prod(lead)
