@@ -1,4 +1,4 @@
-"""Bilinear resampling of distributed tiles between grids (torch-harmonics' ``ResampleS2``, ``mode="bilinear"``).
+"""Bilinear resampling of distributed tiles between grids (torch-harmonics' ``ResampleS2``).
 
 Each output point interpolates linearly between two input latitudes, then
 between two input longitudes (periodic), with torch-harmonics 0.9.3's
@@ -9,8 +9,10 @@ ring. Distributed, a rank's output points read input rows of its polar
 neighbours and columns of its azimuth neighbours through one
 :class:`~mpisphere.HaloExchange` (widths from the geometry), and the pole
 means come from one sum over the azimuth ranks; the interpolation itself is
-two small matrix products per call (latitudes, then longitudes), so the
-adjoint is their transposes, the sum again and the halo's adjoint.
+two gathers per axis and output point (latitudes, then longitudes), so the
+adjoint is the transposed gathers, the sum again and the halo's adjoint.
+``mode="bilinear-spherical"`` interpolates angles along the shorter arc, the
+poles as circular means (nonlinear: :meth:`ResampleS2.vjp` is its backward).
 """
 
 import math
@@ -18,7 +20,7 @@ import math
 import numpy
 
 from . import backend, collectives
-from .agreement import InputError, agree_construction
+from .agreement import Call, Context, InputError, Spec, agree_construction, collective
 from .halo import HaloExchange
 from .operators import ADJOINT, DISTRIBUTED, FORWARD, Layout, LinearOperator
 from .quadrature import latitudes
@@ -52,9 +54,11 @@ class ResampleS2(LinearOperator):
         ``(nlat, nlon)`` of the two grids.
     quadrature_in, quadrature_out : str
         Their latitude rules (torch-harmonics' ``grid_in``, ``grid_out``).
-    mode : {"bilinear"}
-        torch-harmonics' ``"bilinear-spherical"`` interpolates angles (a
-        nonlinear map with no adjoint) and is not offered.
+    mode : {"bilinear", "bilinear-spherical"}
+        ``"bilinear-spherical"`` (torch-harmonics') interpolates angle-valued
+        fields along the shorter arc, the poles as circular means: a
+        nonlinear map, with no adjoint; :meth:`vjp` gives the adjoint of its
+        derivative (what a backward pass needs).
     dtype : float32 or float64, keyword-only
 
     Notes
@@ -74,7 +78,7 @@ class ResampleS2(LinearOperator):
                  mode="bilinear", *, dtype=numpy.float64):
         agree_construction(self, grid.cart, who="ResampleS2")
         who = self.name
-        check_choice(mode, ("bilinear",), "mode", who)
+        self.mode = check_choice(mode, ("bilinear", "bilinear-spherical"), "mode", who)
         self.grid = grid
         self.in_shape = tuple(check_int(v, "in_shape", who, minimum=2) for v in in_shape)
         self.out_shape = tuple(check_int(v, "out_shape", who, minimum=1) for v in out_shape)
@@ -161,6 +165,8 @@ class ResampleS2(LinearOperator):
         return lead + self.tile_in, lead + self.tile_out
 
     def _output(self, direction, spec):
+        if direction == ADJOINT and not self.linear:
+            raise InputError(self._output_adjoint_refusal(), TypeError)
         tile, other, whole = (self.tile_in, self.tile_out, self.in_shape) if direction == FORWARD else \
             (self.tile_out, self.tile_in, self.out_shape)
         if spec.dtype != self.dtype:
@@ -180,42 +186,124 @@ class ResampleS2(LinearOperator):
             collectives.allreduce(self.grid.azimuth, send.reshape(-1), rows.reshape(-1), staged=context.staged,
                                   workspace=self._workspace)
 
+    @property
+    def linear(self):
+        """False for ``"bilinear-spherical"`` (angles): no adjoint, :meth:`vjp` instead."""
+        return self.mode == "bilinear"
+
+    def _extended(self, x, context):
+        """``x`` (B, h, w) with its halo and the two pole rows: ``(B, rows + 2, cols)``, and the pole rings' sums.
+
+        The sums (``(B, 4)``: north sin, cos, south sin, cos; or ``(B, 2)``, the values) are over the whole
+        outermost rings, on the ranks that use them (zeros elsewhere).
+        """
+        xp = backend.array_module(x)
+        batch, h, w = x.shape
+        rows_padded, cols_padded = h + 2 * self.rows, w + 2 * self.cols
+        n = self.in_shape[1]
+        extended = xp.zeros((batch, rows_padded + 2, cols_padded), dtype=self.dtype)
+        if self.rows or self.cols:
+            self.halo._run(FORWARD, x, extended[:, :rows_padded], context)
+        else:
+            extended[:, :rows_padded] = x
+        rings = [(self.north, x[:, 0]), (self.south, x[:, -1])]
+        if self.linear:
+            sums = xp.zeros((batch, 2), dtype=self.dtype)
+            for k, (used, ring) in enumerate(rings):
+                if used:
+                    sums[:, k] = ring.sum(axis=-1)
+            self._pole_sums(sums, context)
+            extended[:, rows_padded:] = (sums / n)[:, :, None]
+            return extended, sums
+        sums = xp.zeros((batch, 4), dtype=self.dtype)
+        for k, (used, ring) in enumerate(rings):
+            if used:
+                sums[:, 2 * k] = xp.sin(ring).sum(axis=-1)
+                sums[:, 2 * k + 1] = xp.cos(ring).sum(axis=-1)
+        self._pole_sums(sums, context)
+        # torch-harmonics' circular mean: the direction of the mean unit vector
+        means = sums / n
+        extended[:, rows_padded:] = xp.arctan2(means[:, 0::2], means[:, 1::2])[:, :, None]
+        return extended, sums
+
+    def _output_adjoint_refusal(self):
+        return ("bilinear-spherical resampling interpolates angles: it is not linear and has no adjoint\n  fix: "
+                "ResampleS2.vjp(x, y_bar) gives the adjoint of its derivative at x")
+
     def _run(self, direction, x, out, context):
         xp = backend.array_module(x)
-        lead = x.shape[:-2]
-        batch = math.prod(lead)
+        batch = math.prod(x.shape[:-2])
         h, w = self.tile_in
-        rows_padded, cols_padded = h + 2 * self.rows, w + 2 * self.cols
-        nlon_in = self.in_shape[1]
         if direction == FORWARD:
-            extended = xp.zeros((batch, rows_padded + 2, cols_padded), dtype=self.dtype)
-            flat = xp.ascontiguousarray(x).reshape(batch, h, w)
-            if self.rows or self.cols:
-                self.halo._run(FORWARD, flat, extended[:, :rows_padded], context)
+            extended, _ = self._extended(xp.ascontiguousarray(x).reshape(batch, h, w), context)
+            if self.linear:
+                result = self._cols.apply(self._rows.apply(extended, 1), 2)
             else:
-                extended[:, :rows_padded] = flat
-            poles = xp.zeros((batch, 2), dtype=self.dtype)
-            if self.north:
-                poles[:, 0] = flat[:, 0].sum(axis=-1)
-            if self.south:
-                poles[:, 1] = flat[:, -1].sum(axis=-1)
-            self._pole_sums(poles, context)
-            extended[:, rows_padded:] = (poles / nlon_in)[:, :, None]
-            out[...] = self._cols.apply(self._rows.apply(extended, 1), 2).reshape(out.shape)
+                result = self._cols.slerp(self._rows.slerp(extended, 1), 2)
+            out[...] = result.reshape(out.shape)
             return
-        y = xp.ascontiguousarray(x).reshape((batch,) + self.tile_out)
+        self._pullback(xp.ascontiguousarray(x).reshape((batch,) + self.tile_out), None,
+                       out.reshape(batch, h, w), context)
+
+    def _pullback(self, y, x, target, context):
+        """``target`` = the adjoint of the derivative at ``x`` applied to ``y`` (``x`` unused when linear)."""
+        xp = backend.array_module(y)
+        h, w = self.tile_in
+        rows_padded = h + 2 * self.rows
+        n = self.in_shape[1]
         extended = self._rows.adjoint(self._cols.adjoint(y, 2), 1)     # (B, rows + 2, cols)
         poles = xp.ascontiguousarray(extended[:, rows_padded:].sum(axis=-1))
         self._pole_sums(poles, context)
-        target = out.reshape(batch, h, w)
         if self.rows or self.cols:
             self.halo._run(ADJOINT, xp.ascontiguousarray(extended[:, :rows_padded]), target, context)
         else:
             target[...] = extended[:, :rows_padded]
-        if self.north:
-            target[:, 0] += (poles[:, 0] / nlon_in)[:, None]
-        if self.south:
-            target[:, -1] += (poles[:, 1] / nlon_in)[:, None]
+        if self.linear:
+            slopes = [None, None]
+        else:   # d atan2(S, C) / dx_j = (C cos x_j + S sin x_j) / (n (S^2 + C^2)), S and C the ring's means
+            _, sums = self._extended(x, context)
+            means = sums / n
+            slopes = []
+            for k, ring in ((0, x[:, 0]), (1, x[:, -1])):
+                S, C = means[:, 2 * k:2 * k + 1], means[:, 2 * k + 1:2 * k + 2]
+                slopes.append((C * xp.cos(ring) + S * xp.sin(ring)) / (n * (S * S + C * C)))
+        for k, (used, row) in enumerate(((self.north, 0), (self.south, -1))):
+            if used:
+                target[:, row] += poles[:, k:k + 1] * (1.0 / n if slopes[k] is None else slopes[k])
+
+    @collective
+    def vjp(self, x, y_bar):
+        """The adjoint of the derivative at ``x`` applied to ``y_bar`` (``adjoint(y_bar)`` when bilinear).
+
+        Parameters
+        ----------
+        x : array ``(..., h, w)``, this rank's input tile
+        y_bar : array ``(..., h', w')``, this rank's output tile's cotangent
+
+        Returns
+        -------
+        array ``(..., h, w)``: this rank's tile of the input's gradient. Collective over ``grid.cart``.
+        """
+        call = Call(self.grid.cart, f"{self.name}.vjp")
+        spec_x = spec_y = None
+        with call.local():
+            spec_x, _ = self._output(FORWARD, Spec.of(x))
+            spec_y = Spec.of(y_bar)
+            if self.linear:
+                self._output(ADJOINT, spec_y)
+            elif tuple(spec_y.shape) != tuple(spec_x.shape) or spec_y.dtype != self.dtype:
+                raise InputError(f"y_bar must be the output's shape {tuple(spec_x.shape)} and {self.dtype.name}, got "
+                                 f"{tuple(spec_y.shape)} {spec_y.dtype.name}")
+        call.agree(f"{self._describe()} vjp: x={Spec.of(x).describe((-2, -1))}")
+        context = Context.local(spec_y)
+        xp = backend.array_module(y_bar)
+        lead = tuple(x.shape[:-2])
+        batch = math.prod(lead)
+        out = xp.empty(lead + self.tile_in, dtype=self.dtype)
+        self._pullback(xp.ascontiguousarray(y_bar).reshape((batch,) + self.tile_out),
+                       xp.ascontiguousarray(x).reshape((batch,) + self.tile_in), out.reshape((batch,) + self.tile_in),
+                       context)
+        return out
 
 
 class _Stencil:
@@ -255,6 +343,16 @@ class _Stencil:
 
     def apply(self, x, axis):
         return self._run(x, axis, self.index, self.weights)
+
+    def slerp(self, x, axis):
+        """torch-harmonics' interpolation of angles along the shorter arc (two sources per target)."""
+        xp = backend.array_module(x)
+        index, weights = backend.on_device_of(x, (self.index, self.weights), self._device, key=id(self.index))
+        shape = [1] * x.ndim
+        shape[axis] = -1
+        start, end = xp.take(x, index[0], axis=axis), xp.take(x, index[1], axis=axis)
+        delta = xp.remainder(end - start + math.pi, 2.0 * math.pi) - math.pi
+        return start + weights[1].reshape(shape) * delta
 
     def adjoint(self, y, axis):
         return self._run(y, axis, self.back_index, self.back_weights)

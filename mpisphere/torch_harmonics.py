@@ -206,7 +206,7 @@ class DistributedQuadratureS2(torch.nn.Module):
 
 
 class DistributedResampleS2(torch.nn.Module):
-    """torch-harmonics' ``DistributedResampleS2`` (``mode="bilinear"``): tiles of one grid to tiles of another."""
+    """torch-harmonics' ``DistributedResampleS2``: tiles of one grid to tiles of another (both modes)."""
 
     def __init__(self, nlat_in, nlon_in, nlat_out, nlon_out, grid_in="equiangular", grid_out="equiangular",
                  mode="bilinear", *, process_grid=None):
@@ -223,7 +223,25 @@ class DistributedResampleS2(torch.nn.Module):
         self._ops(torch.float32)   # built now: a bad argument is refused at construction, on every rank
 
     def forward(self, x):
-        return apply(self._ops(x.dtype), x)
+        op = self._ops(x.dtype)
+        if op.linear:
+            return apply(op, x)
+        return _Nonlinear.apply(x, op, torch.is_grad_enabled() and x.requires_grad)
+
+
+class _Nonlinear(torch.autograd.Function):
+    """An operator that is not linear (``op.linear`` False): forward by ``op.forward``, backward by ``op.vjp``."""
+
+    @staticmethod
+    def forward(ctx, x, op, recorded):
+        ctx.op = op
+        ctx.save_for_backward(x)
+        return as_tensor(op._apply(FORWARD, as_array(x), None, purpose=RECORDED if recorded else ""))
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return as_tensor(ctx.op.vjp(as_array(x), as_array(grad.contiguous()))), None, None
 
 
 class _Layer(torch.autograd.Function):

@@ -2,12 +2,13 @@
 
 ``operators(grid)`` returns ``(operator, domain point)`` pairs covering every
 public operator class: the primitives, the halo exchange and its adjoint, the
-scalar and vector transforms (on regular and octahedral grids), the point interpolation, the spectral calculus
-operators, the algebra (``Identity``, ``Diagonal``, compositions, sums,
-scalings) and the shallow-water model's tangent-linear model, on uneven
-extents; the points come from the operators' own shape contract.
-``test_the_catalogue_covers_every_public_operator`` fails when a public
-operator class has no entry here.
+scalar and vector transforms (on regular and octahedral grids), the point
+interpolation, the spectral calculus operators, the DISCO convolutions,
+quadrature, spectral convolution and resampling, the algebra (``Identity``,
+``Diagonal``, compositions, sums, scalings) and the shallow-water model's
+tangent-linear model, on uneven extents; the points come from the operators'
+own shape contract. ``test_the_catalogue_covers_every_public_operator`` fails
+when a public operator class has no entry here.
 """
 
 import numpy
@@ -18,7 +19,9 @@ from mpisphere import (CopyTo, Diagonal, DistributedInverseRealSHT, DistributedI
                        Transpose, calculus)
 from mpisphere import (DistributedInverseReducedRealSHT, DistributedInverseReducedRealVectorSHT,
                        DistributedReducedRealSHT, DistributedReducedRealVectorSHT)
+from mpisphere import DiscoConvS2, DiscoConvTransposeS2, QuadratureS2, ResampleS2, SpectralConvS2
 from mpisphere.examples import ShallowWaterSolver
+from mpisphere.spectral_convolution import spectral_truncation
 from mpisphere.operators import DISTRIBUTED, Layout
 
 from helpers import random_array, rank_rng
@@ -48,6 +51,9 @@ def operators(grid):
     octahedral = RingGeometry.octahedral(6)
     solver = ShallowWaterSolver(grid, SWE_NLAT, SWE_NLON, dt=150.0, quadrature="legendre-gauss")
     tangent_linear = solver.linearize(solver.random_initial_condition(), 2)
+    lmax = spectral_truncation((NLAT, NLON), (NLAT, NLON))
+    spectral_weight = same.standard_normal((1, 2, 3, lmax)) + 1j * same.standard_normal((1, 2, 3, lmax))
+    spectral_bias = same.standard_normal((1, 2, lmax, lmax)) + 0j
     cases = [  # (operator, leading axes or a whole template for the primitives, dtype, random source)
         (Transpose(az, axes=(0, 2), extents=(BATCH, NLON)), (BATCH, h, None), numpy.float64, local),
         (Transpose(pol, axes=(-1, 1), extents=(w, NLAT)), (BATCH, None, None), numpy.complex128, local),
@@ -83,6 +89,16 @@ def operators(grid):
         (calculus.laplacian(sht) - 0.5 * calculus.truncation(sht, 4), (2,), numpy.complex128, local),  # a sum
         (Identity(tile_layout, (h, w)), (2,), numpy.float64, local),
         (Diagonal(numpy.linspace(0.5, 1.5, h * w).reshape(h, w), tile_layout), (2,), numpy.float64, local),
+        # the local operators: a DISCO convolution and its transpose, the integral, the spectral convolution,
+        # the resampling
+        (DiscoConvS2(grid, (NLAT, NLON), (NLAT, NLON), (3,), same.standard_normal((3, 2, 2))), (2,),
+         numpy.float64, local),
+        (DiscoConvTransposeS2(grid, (NLAT, NLON), (NLAT, NLON), (2, 2), same.standard_normal((2, 2, 3)),
+                              basis_type="zernike"), (2,), numpy.float64, local),
+        (QuadratureS2(grid, (NLAT, NLON)), (2,), numpy.float64, local),
+        (SpectralConvS2(grid, (NLAT, NLON), (NLAT, NLON), spectral_weight, bias=spectral_bias), (2,),
+         numpy.float64, local),
+        (ResampleS2(grid, (NLAT, NLON), (NLAT + 4, 2 * NLON)), (2,), numpy.float64, local),
         (tangent_linear, (), tangent_linear.dtype, local),
         (tangent_linear.products[1], (2,), numpy.float64, local),  # its hand-linearised products
     ]

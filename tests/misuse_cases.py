@@ -641,7 +641,7 @@ def a_call_ahead_on_rank_0(comm, grid, me):
     isht.forward(coefficients)
 
 
-def _last(comm, me):
+def _is_last(comm, me):
     return me == comm.Get_size() - 1
 
 
@@ -650,14 +650,14 @@ def disco_tile_on_the_last_rank(comm, grid, me):
     from mpisphere import DiscoConvS2
     conv = DiscoConvS2(grid, (NLAT, 2 * NLON), (NLAT, 2 * NLON), (3,), numpy.ones((2, 2, 2)))
     h, w = grid.local_shape(NLAT, 2 * NLON)
-    conv.forward(numpy.zeros((1, 2, h + _last(comm, me), w)))
+    conv.forward(numpy.zeros((1, 2, h + _is_last(comm, me), w)))
 
 
 def disco_weight_on_the_last_rank(comm, grid, me):
     """The last rank's weights differ (a checkpoint read on one rank)."""
     from mpisphere import DiscoConvS2
     conv = DiscoConvS2(grid, (NLAT, 2 * NLON), (NLAT, 2 * NLON), (3,), numpy.ones((2, 2, 2)))
-    conv.weight = numpy.ones((2, 2, 2)) * (2 if _last(comm, me) else 1)
+    conv.weight = numpy.ones((2, 2, 2)) * (2 if _is_last(comm, me) else 1)
     conv.forward(numpy.zeros((1, 2) + grid.local_shape(NLAT, 2 * NLON)))
 
 
@@ -667,14 +667,14 @@ def spectral_convolution_whole_field_on_the_last_rank(comm, grid, me):
     from mpisphere.spectral_convolution import spectral_truncation
     lmax = spectral_truncation((NLAT, 2 * NLON), (NLAT, 2 * NLON))
     conv = SpectralConvS2(grid, (NLAT, 2 * NLON), (NLAT, 2 * NLON), numpy.ones((1, 2, 2, lmax), complex))
-    shape = (NLAT, 2 * NLON) if _last(comm, me) else grid.local_shape(NLAT, 2 * NLON)
+    shape = (NLAT, 2 * NLON) if _is_last(comm, me) else grid.local_shape(NLAT, 2 * NLON)
     conv.forward(numpy.zeros((1, 2) + shape))
 
 
 def resample_dtype_on_the_last_rank(comm, grid, me):
     from mpisphere import ResampleS2
     op = ResampleS2(grid, (NLAT, 2 * NLON), (2 * NLAT, 4 * NLON))
-    op.forward(numpy.zeros(grid.local_shape(NLAT, 2 * NLON), numpy.float32 if _last(comm, me) else numpy.float64))
+    op.forward(numpy.zeros(grid.local_shape(NLAT, 2 * NLON), numpy.float32 if _is_last(comm, me) else numpy.float64))
 
 
 CASES = [chunk_width, batch_gather_from, batch_reduce_from, batch_transpose, batch_halo, batch_sht,

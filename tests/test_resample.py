@@ -57,9 +57,55 @@ def test_matches_the_serial_rule_and_its_adjoint(grid, case, rng):
     assert dottest(op, lead=(2,)) <= 1e-13
 
 
-def test_bilinear_only_and_wrong_tiles_are_refused(grid):
-    with raises(ValueError, match="mode"):
-        ResampleS2(grid, (12, 24), (12, 24), mode="bilinear-spherical")
+def spherical_reference(x, in_shape, out_shape, quadratures):
+    """torch-harmonics' bilinear-spherical rule: the shorter arc, the poles as circular means."""
+    theta_in, _ = latitudes(in_shape[0], quadratures[0])
+    theta_out, _ = latitudes(out_shape[0], quadratures[1])
+    if (theta_out > theta_in[-1]).any() or (theta_out < theta_in[0]).any():
+        theta_in = numpy.concatenate([[0.0], theta_in, [math.pi]])
+
+        def mean(ring):
+            return numpy.arctan2(numpy.sin(ring).mean(-1, keepdims=True), numpy.cos(ring).mean(-1, keepdims=True))
+        x = numpy.concatenate([mean(x[..., :1, :]) * numpy.ones_like(x[..., :1, :]), x,
+                               mean(x[..., -1:, :]) * numpy.ones_like(x[..., :1, :])], axis=-2)
+
+    def arc(a, b, w):
+        return a + w * (numpy.remainder(b - a + math.pi, 2 * math.pi) - math.pi)
+    i = numpy.searchsorted(theta_in, theta_out, side="right") - 1
+    i = numpy.where(theta_out == theta_in[-1], i - 1, i)
+    a = ((theta_out - theta_in[i]) / numpy.diff(theta_in)[i]).astype(numpy.float32).astype(float)[:, None]
+    x = arc(x[..., i, :], x[..., i + 1, :], a)
+    lon_in = numpy.linspace(0, 2 * math.pi, in_shape[1] + 1)[:-1]
+    lon_out = numpy.linspace(0, 2 * math.pi, out_shape[1] + 1)[:-1]
+    left = numpy.searchsorted(lon_in, lon_out, side="right") - 1
+    right = numpy.where(lon_out >= lon_in[-1], 0, left + 1)
+    gap = lon_in[right] - lon_in[left]
+    gap = numpy.where(gap <= 0, gap + 2 * math.pi, gap)
+    b = ((lon_out - lon_in[left]) / gap).astype(numpy.float32).astype(float)
+    return arc(x[..., left], x[..., right], b)
+
+
+@pytest.mark.parametrize("case", CASES[:3], ids=["finer", "coarser", "gauss-poles"])
+def test_angles_along_the_shorter_arc_and_the_derivative(grid, case, rng):
+    in_shape, out_shape, quadratures = case
+    op = ResampleS2(grid, in_shape, out_shape, *quadratures, mode="bilinear-spherical")
+    x = rng.uniform(-math.pi, math.pi, (2,) + in_shape)
+    y = grid.gather(op.forward(grid.scatter(x)))
+    y_bar = rng.standard_normal((2,) + out_shape)
+    x_bar = grid.gather(op.vjp(grid.scatter(x), grid.scatter(y_bar)))
+    if grid.rank == 0:
+        assert numpy.abs(y - spherical_reference(x, in_shape, out_shape, quadratures)).max() <= 1e-13 * math.pi
+        # the derivative along a direction d: <y_bar, (f(x + e d) - f(x - e d)) / 2 e> = <vjp, d>
+        d = rng.standard_normal(x.shape)
+        e = 1e-6
+        slope = (spherical_reference(x + e * d, in_shape, out_shape, quadratures)
+                 - spherical_reference(x - e * d, in_shape, out_shape, quadratures)) / (2 * e)
+        assert abs(numpy.sum(y_bar * slope) - numpy.sum(x_bar * d)) <= 1e-6 * numpy.sum(numpy.abs(y_bar * slope))
+    with raises(TypeError, match="not linear and has no adjoint"):
+        op.adjoint(numpy.zeros(grid.local_shape(*out_shape)))
+
+
+def test_wrong_tiles_are_refused(grid):
     op = ResampleS2(grid, (12, 24), (17, 36))
     if grid.size > 1:
         with raises(ValueError, match="got the whole 12 x 24 field where this rank's tile belongs"):

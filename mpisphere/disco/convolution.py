@@ -496,7 +496,9 @@ class DiscoConvS2(_DiscoBase):
     ``forward``: ``(..., in_channels, h, w)`` (this rank's tile of
     ``in_shape``) -> ``(..., out_channels, h', w')`` (its tile of
     ``out_shape``); ``adjoint``: the exact adjoint. Both distributed over
-    ``grid.cart``. :meth:`gradients` gives the weights' gradient.
+    ``grid.cart``. :meth:`gradients` gives the weights' gradient. Every call
+    compares the weights across the ranks (a digest), and the text in the
+    attribute ``agree_also`` besides (the PyTorch module's bias).
 
     Construction is collective over ``grid.cart``.
 
