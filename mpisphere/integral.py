@@ -14,7 +14,9 @@ __all__ = ["QuadratureS2"]
 
 
 class QuadratureS2(LinearOperator):
-    """``sum_{i,j} w_i (2 pi / nlon) x[..., i, j]`` over the whole grid, the same on every rank.
+    """The integral over the sphere of each field of distributed tiles, the same on every rank.
+
+    ``sum_{i,j} w_i (2 pi / nlon) x[..., i, j]`` over the whole grid.
 
     Parameters
     ----------

@@ -12,7 +12,7 @@ means come from one sum over the azimuth ranks; the interpolation itself is
 two gathers per axis and output point (latitudes, then longitudes), so the
 adjoint is the transposed gathers, the sum again and the halo's adjoint.
 ``mode="bilinear-spherical"`` interpolates angles along the shorter arc, the
-poles as circular means (nonlinear: :meth:`ResampleS2.vjp` is its backward).
+poles as circular means (nonlinear: ``ResampleS2.vjp`` is its backward).
 """
 
 import math
@@ -57,7 +57,7 @@ class ResampleS2(LinearOperator):
     mode : {"bilinear", "bilinear-spherical"}
         ``"bilinear-spherical"`` (torch-harmonics') interpolates angle-valued
         fields along the shorter arc, the poles as circular means: a
-        nonlinear map, with no adjoint; :meth:`vjp` gives the adjoint of its
+        nonlinear map, with no adjoint; ``vjp`` gives the adjoint of its
         derivative (what a backward pass needs).
     dtype : float32 or float64, keyword-only
 
@@ -188,7 +188,7 @@ class ResampleS2(LinearOperator):
 
     @property
     def linear(self):
-        """False for ``"bilinear-spherical"`` (angles): no adjoint, :meth:`vjp` instead."""
+        """False for ``"bilinear-spherical"`` (angles): no adjoint, ``vjp`` instead."""
         return self.mode == "bilinear"
 
     def _extended(self, x, context):

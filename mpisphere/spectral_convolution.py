@@ -6,7 +6,7 @@ SHT of the input; with a spectral bias ``X`` is first moved by the input's
 integral over the sphere times the bias, ``X[b, c] += I[b, c] bias[c]``
 (torch-harmonics' convention). For given weights and bias the whole map is
 linear in the input: the operator has its exact adjoint, and
-:meth:`SpectralConvS2.gradients` gives the parameters' whole-sphere
+``SpectralConvS2.gradients`` gives the parameters' whole-sphere
 gradients on every rank. The coefficient blocks stay where the transforms
 leave them (degrees over the polar ranks, orders over the azimuth ranks), so
 the mixing is local.
@@ -36,7 +36,9 @@ def spectral_truncation(in_shape, out_shape, quadrature_in="equiangular", quadra
 
 
 class SpectralConvS2(LinearOperator):
-    """``inverse SHT(W . (SHT(x) + I(x) bias))`` of distributed tiles.
+    """Spectral convolution of distributed tiles: the inverse SHT of the weights times the SHT plus bias.
+
+    ``inverse_sht(W * (sht(x) + I(x) bias))``, ``W`` per degree.
 
     Parameters
     ----------
@@ -44,7 +46,7 @@ class SpectralConvS2(LinearOperator):
     in_shape, out_shape : (int, int)
         ``(nlat, nlon)`` of the input and output grids.
     weight : complex array, ``(groups, in_channels // groups, out_channels // groups, lmax)``
-        torch-harmonics' layout; ``lmax`` is :func:`spectral_truncation`'s.
+        torch-harmonics' layout; ``lmax`` is ``spectral_truncation``'s.
         The same on every rank; settable.
     bias : complex array ``(1, in_channels, lmax, lmax)`` or None, keyword-only
         The spectral bias (torch-harmonics' ``spectral_bias``); settable.

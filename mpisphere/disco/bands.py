@@ -7,9 +7,9 @@ per basis function ``k``,
 
     ``out[..., t, m] = sum_j table[k, j, t, m] * source[..., start[t] + j, m]``
 
-over its own orders. A :class:`BandTable` holds ``table`` and ``start`` for
+over its own orders. A ``BandTable`` holds ``table`` and ``start`` for
 one direction; the adjoint reads the same entries from the other side
-(:func:`band_tables` builds both). Every table is a handful of rows wide,
+(``band_tables`` builds both). Every table is a handful of rows wide,
 whatever the resolution, and the loop runs over ``k`` and ``j`` only: the
 operations issued do not grow with rows, channels or batch.
 """
@@ -166,7 +166,7 @@ def apply_band(band, k, source, out, scratch):
     """``out[..., t, m] = sum_j table[k, j, t, m] * source[..., start[t] + j, m]`` (overwrites ``out``).
 
     ``source``: ``(L, S, M)``; ``out`` and ``scratch``: ``(L, T, M)``, complex. The source rows are read
-    as strided views (:func:`_pieces`), so no rows are copied; where the band's starts have no such
+    as strided views (``_pieces``), so no rows are copied; where the band's starts have no such
     structure they are gathered.
     """
     table, rows = band.on(source)

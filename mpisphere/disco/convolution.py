@@ -463,7 +463,7 @@ class _DiscoBase(LinearOperator):
         return x_bar, weight_bar
 
     def weight_gradient(self, x, y_bar):
-        """The whole-sphere gradient of ``<y_bar, forward(x)>`` with respect to the weights (see :meth:`gradients`)."""
+        """The whole-sphere gradient of ``<y_bar, forward(x)>`` with respect to the weights (see ``gradients``)."""
         return self.gradients(x, y_bar, input_gradient=False)[1]
 
 
@@ -477,7 +477,7 @@ class DiscoConvS2(_DiscoBase):
         ``(nlat, nlon)`` of the input and output grids; ``nlon_in`` a
         multiple of ``nlon_out``.
     kernel_shape : int or tuple of int
-        See :func:`~mpisphere.disco.bases.filter_basis`.
+        See ``mpisphere.disco.filter_basis``.
     weight : array, ``(out_channels, in_channels // groups, kernel_size)``
         The same on every rank; settable (``op.weight = new``).
     basis_type : {"piecewise linear", "harmonic", "morlet", "zernike"}, keyword-only
@@ -496,7 +496,7 @@ class DiscoConvS2(_DiscoBase):
     ``forward``: ``(..., in_channels, h, w)`` (this rank's tile of
     ``in_shape``) -> ``(..., out_channels, h', w')`` (its tile of
     ``out_shape``); ``adjoint``: the exact adjoint. Both distributed over
-    ``grid.cart``. :meth:`gradients` gives the weights' gradient. Every call
+    ``grid.cart``. ``gradients`` gives the weights' gradient. Every call
     compares the weights across the ranks (a digest), and the text in the
     attribute ``agree_also`` besides (the PyTorch module's bias).
 
