@@ -246,7 +246,9 @@ class _DiscoBase(LinearOperator):
             back.append(Transpose(g.azimuth, axes=(2, 0), extents=(nlon_out, items_out)))
             spec_front = Spec((items_in, self.source_rows, self.tile_in[1]), self.dtype, device)
             spec_back = Spec((items_out, self.tile_out[0], len(self.orders)), self.cdtype, device)
-            return Pipeline(front, spec_front), Pipeline(back, spec_back)
+            # the two run one after the other, never at once: they take turns in the grid's pipeline buffers,
+            # which the transforms on the grid share too
+            return Pipeline(front, spec_front, self.grid.scratch), Pipeline(back, spec_back, self.grid.scratch)
         return self._pipelines.get((batch, device), build)
 
     def _buffer(self, name, like, shape, dtype):
