@@ -188,3 +188,25 @@ def test_psi_is_the_basis_at_every_input_point_within_the_cutoff(basis):
         _, values = fb.evaluate(r.reshape(-1), phi.reshape(-1), effective_cutoff(cutoff))
         expected = values.reshape(fb.kernel_size, 10, 20) * (weights / 20 / 2.0)[None, :, None]
         numpy.testing.assert_allclose(dense[:, t], expected, rtol=0, atol=1e-15 * numpy.abs(expected).max())
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_fewer_fields_than_azimuth_ranks(grid, transposed, rng):
+    """One channel, no batch axis: the transposes get fewer fields than ranks (zeros fill the rest)."""
+    pair = PAIRS[2] if transposed else PAIRS[1]
+    op, weight = build(grid, pair, BASES[0], rng, channels=(1, 1))
+    x = rng.standard_normal((1,) + pair[0])
+    y_bar = rng.standard_normal((1,) + pair[1])
+    expected, _ = reference(op, weight, x[None])
+    y = grid.gather(op.forward(grid.scatter(x)))
+    x_bar, w_bar = op.gradients(grid.scatter(x), grid.scatter(y_bar))
+    adjoint = grid.gather(op.adjoint(grid.scatter(y_bar)))
+    x_bar = grid.gather(x_bar)
+    if grid.rank == 0:
+        bound = 1e-13 * reference(op, numpy.abs(weight), numpy.abs(x)[None])[0].max()
+        assert numpy.abs(y - expected[0]).max() <= bound
+        assert abs(numpy.sum(y_bar * expected[0]) - numpy.sum(adjoint * x)) <= 1e-13 * numpy.sum(
+            numpy.abs(y_bar) * reference(op, numpy.abs(weight), numpy.abs(x)[None])[0][0])
+        psi_max = numpy.abs(reference_values(op)).max()
+        assert numpy.abs(x_bar - adjoint).max() <= 1e-13 * weight.shape[2] * numpy.abs(weight).max() * psi_max \
+            * numpy.abs(y_bar).sum()
