@@ -113,6 +113,15 @@ def test_transforms_and_quadrature_match_the_serial_modules(grid):
     block = c[..., grid.local_slices(sht.lmax, sht.mmax)[0], grid.local_slices(sht.lmax, sht.mmax)[1]]
     assert close(gathered(grid, isht(block.contiguous())), th.InverseRealSHT(nlat, nlon, grid="legendre-gauss")
                  .double()(c), 1e-12)
+    vector = torch.randn(2, 2, nlat, nlon)
+    vsht = thd.DistributedRealVectorSHT(nlat, nlon, grid="legendre-gauss", process_grid=grid)
+    serial_vector = th.RealVectorSHT(nlat, nlon, grid="legendre-gauss").double()
+    assert close(gathered(grid, vsht(tile_of(grid, vector))), serial_vector(vector), 1e-12)
+    ivsht = thd.DistributedInverseRealVectorSHT(nlat, nlon, grid="legendre-gauss", process_grid=grid)
+    cv = serial_vector(vector)
+    vblock = cv[..., grid.local_slices(vsht.lmax, vsht.mmax)[0], grid.local_slices(vsht.lmax, vsht.mmax)[1]]
+    assert close(gathered(grid, ivsht(vblock.contiguous())),
+                 th.InverseRealVectorSHT(nlat, nlon, grid="legendre-gauss").double()(cv), 1e-12)
     for normalize in (False, True):
         quad = thd.DistributedQuadratureS2((nlat, nlon), grid="lobatto", normalize=normalize, process_grid=grid)
         reference = th.QuadratureS2((nlat, nlon), grid="lobatto", normalize=normalize)
