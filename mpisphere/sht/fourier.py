@@ -88,6 +88,8 @@ class FourierStage(LocalStage):
         self._host_multiplicity[0] = 1.0
         if self.nlon % 2 == 0:
             self._host_multiplicity[-1] = 1.0
+        # the orders 1 .. _doubled - 1 have c_m = 2 (all but m = 0 and, for even nlon, m = nlon / 2)
+        self._doubled = self.half - 1 if self.nlon % 2 == 0 else self.half
         self._device = {}
         self._workspace = backend.Workspace()
 
@@ -167,7 +169,7 @@ class FourierStage(LocalStage):
         if self._takes_real(direction):
             if self.synthesis:  # adjoint of the synthesis: c rfft(x), unnormalised
                 self._rfft(x, "backward", out)
-                out *= self.multiplicity(out)
+                out[..., 1:self._doubled] *= 2   # c_m (a scalar: 5x faster than the (half,) array on 8 MB)
             else:  # analysis: rfft(x) / nlon
                 self._rfft(x, "forward", out)
             return
@@ -189,7 +191,7 @@ class FourierStage(LocalStage):
             self._run(direction, x, out, context)
             return
         nonzero = min(self.half if nonzero is None else nonzero, x.shape[-1])
-        x[..., 1:nonzero] /= self.multiplicity(x)[1:nonzero]
+        x[..., 1:min(nonzero, self._doubled)] *= 0.5   # / c_m, exactly (a power of two)
         self._irfft(x, "backward", out)
 
 
