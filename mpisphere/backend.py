@@ -393,6 +393,11 @@ def _import_cupyx():
     return cupyx
 
 
+def to_host(a):
+    """``a`` as a NumPy array: itself for anything NumPy takes, a copy for a CuPy array (which waits for it)."""
+    return numpy.asarray(a) if not _is_cupy_array(a) else sys.modules["cupy"].asnumpy(a)
+
+
 def copy_to_host(src, dst, blocking=True):
     """Copy array ``src`` (host or device) into the 1-D host array ``dst``.
 

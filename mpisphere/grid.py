@@ -25,7 +25,7 @@ from .launch import world_mismatch
 from .partition import chunk_slice, offsets_of, split_sizes
 from .validation import check_choice, check_int
 
-__all__ = ["ProcessGrid", "GridComm", "ORDERS"]
+__all__ = ["ProcessGrid", "GridComm", "ORDERS", "check_tile"]
 
 ORDERS = ("azimuth-fastest", "polar-fastest")
 
@@ -56,6 +56,33 @@ class GridComm(MPI.Cartcomm):
         wrapped.guard = guard
         wrapped.Set_name(name)
         return wrapped
+
+
+def check_tile(grid, spec, whole, dtype, channels=None, what=None):
+    """This rank's finding (:class:`~mpisphere.agreement.InputError`) for an input that is not its tile of ``whole``.
+
+    ``spec``'s last axes must be ``grid.local_shape(*whole)``, after a
+    ``channels`` axis when given, and its dtype ``dtype``; the message
+    names the whole field given where a tile belongs. ``what`` prefixes it
+    (``"input"``, ``"y_bar"``). The local check of the operators on tiles.
+    """
+    prefix = f"{what}: " if what else ""
+    if spec.dtype != dtype:
+        raise InputError(f"{prefix}expected {numpy.dtype(dtype).name}, got {spec.dtype.name}", TypeError)
+    core = ((channels,) if channels is not None else ()) + tuple(grid.local_shape(*whole))
+    shape = tuple(spec.shape)
+    if len(shape) >= len(core) and shape[len(shape) - len(core):] == core:
+        return
+    if len(shape) >= len(core) and shape[-2:] == tuple(whole) and grid.size > 1:
+        cause = f"got the whole {whole[0]} x {whole[1]} field where this rank's tile belongs"
+    elif channels is not None:
+        cause = f"the last three axes of {shape} are not (channels, *this rank's tile)"
+    else:
+        cause = f"the last two axes of {shape} are not this rank's tile"
+    lead = "..., " + (f"{channels}, " if channels is not None else "")
+    raise InputError(f"{prefix}{cause}\n  fix: pass ({lead}*grid.local_shape{tuple(whole)}) per rank (grid.scatter "
+                     f"gives each rank its tile)\n  rank {grid.rank}: expected (..., {', '.join(map(str, core))}), "
+                     f"got {shape}")
 
 
 def _resolve_dims(size, npolar, nazimuth):

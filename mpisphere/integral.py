@@ -6,6 +6,7 @@ import numpy
 
 from . import backend, collectives
 from .agreement import InputError, agree_construction
+from .grid import check_tile
 from .operators import ADJOINT, DISTRIBUTED, FORWARD, REPLICATED, Layout, LinearOperator
 from .quadrature import latitudes, rule
 from .validation import check_dtype, check_int
@@ -64,18 +65,11 @@ class QuadratureS2(LinearOperator):
         return backend.on_device_of(like, self._weights, self._device)
 
     def _output(self, direction, spec):
+        if direction == FORWARD:
+            check_tile(self.grid, spec, self.shape, self.dtype)
+            return spec.but(shape=spec.shape[:-2]), spec.describe((-2, -1))
         if spec.dtype != self.dtype:
             raise InputError(f"expected {self.dtype.name}, got {spec.dtype.name}", TypeError)
-        if direction == FORWARD:
-            if len(spec.shape) < 2 or tuple(spec.shape[-2:]) != self.tile:
-                nlat, nlon = self.shape
-                whole = len(spec.shape) >= 2 and tuple(spec.shape[-2:]) == self.shape and self.grid.size > 1
-                cause = (f"got the whole {nlat} x {nlon} field where this rank's tile belongs" if whole else
-                         f"the last two axes of {tuple(spec.shape)} are not this rank's tile")
-                raise InputError(f"{cause}\n  fix: pass grid.local_shape({nlat}, {nlon}) per rank (grid.scatter)\n"
-                                 f"  rank {self.grid.rank}: expected (..., {self.tile[0]}, {self.tile[1]}), got "
-                                 f"{tuple(spec.shape)}")
-            return spec.but(shape=spec.shape[:-2]), spec.describe((-2, -1))
         return spec.but(shape=tuple(spec.shape) + self.tile), spec.describe()
 
     def _run(self, direction, x, out, context):

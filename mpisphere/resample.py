@@ -21,6 +21,7 @@ import numpy
 
 from . import backend, collectives
 from .agreement import Call, Context, InputError, Spec, agree_construction, collective
+from .grid import check_tile
 from .halo import HaloExchange
 from .operators import ADJOINT, DISTRIBUTED, FORWARD, Layout, LinearOperator
 from .quadrature import latitudes
@@ -167,16 +168,8 @@ class ResampleS2(LinearOperator):
     def _output(self, direction, spec):
         if direction == ADJOINT and not self.linear:
             raise InputError(self._output_adjoint_refusal(), TypeError)
-        tile, other, whole = (self.tile_in, self.tile_out, self.in_shape) if direction == FORWARD else \
-            (self.tile_out, self.tile_in, self.out_shape)
-        if spec.dtype != self.dtype:
-            raise InputError(f"expected {self.dtype.name}, got {spec.dtype.name}", TypeError)
-        if len(spec.shape) < 2 or tuple(spec.shape[-2:]) != tile:
-            whole_given = len(spec.shape) >= 2 and tuple(spec.shape[-2:]) == whole and self.grid.size > 1
-            cause = (f"got the whole {whole[0]} x {whole[1]} field where this rank's tile belongs" if whole_given
-                     else f"the last two axes of {tuple(spec.shape)} are not this rank's tile")
-            raise InputError(f"{cause}\n  fix: pass grid.local_shape{whole} per rank (grid.scatter)\n  rank "
-                             f"{self.grid.rank}: expected (..., {tile[0]}, {tile[1]}), got {tuple(spec.shape)}")
+        other, whole = (self.tile_out, self.in_shape) if direction == FORWARD else (self.tile_in, self.out_shape)
+        check_tile(self.grid, spec, whole, self.dtype)
         return spec.but(shape=tuple(spec.shape[:-2]) + other), spec.describe((-2, -1))
 
     def _pole_sums(self, rows, context):

@@ -19,6 +19,7 @@ import numpy
 from . import backend, collectives, dtypes
 from .agreement import Call, Context, InputError, Spec, agree_construction, collective
 from .agreement.description import describe_parameter
+from .grid import check_tile
 from .integral import QuadratureS2
 from .operators import ADJOINT, DISTRIBUTED, FORWARD, Layout, LinearOperator
 from .quadrature import truncate_sht
@@ -93,7 +94,7 @@ class SpectralConvS2(LinearOperator):
 
     @weight.setter
     def weight(self, value):
-        host = numpy.asarray(value if isinstance(value, numpy.ndarray) else backend.array_module(value).asnumpy(value))
+        host = backend.to_host(value)
         if host.ndim != 4 or host.shape[3] != self.lmax:
             raise ValueError(f"{self.name}: weight must be (groups, in_channels // groups, out_channels // groups, "
                              f"lmax={self.lmax}), got shape {host.shape}")
@@ -114,7 +115,7 @@ class SpectralConvS2(LinearOperator):
         if value is None:
             self._bias, self._local_bias, self._bias_text = None, None, "None"
             return
-        host = numpy.asarray(value if isinstance(value, numpy.ndarray) else backend.array_module(value).asnumpy(value))
+        host = backend.to_host(value)
         if host.shape != (1, self.in_channels, self.lmax, self.lmax):
             raise ValueError(f"{self.name}: bias must be (1, in_channels={self.in_channels}, lmax={self.lmax}, "
                              f"lmax={self.lmax}), got shape {host.shape}")
@@ -138,15 +139,7 @@ class SpectralConvS2(LinearOperator):
         return lead + side_in, lead + side_out
 
     def _check(self, spec, side, whole, what):
-        if spec.dtype != self.dtype:
-            raise InputError(f"{what}: expected {self.dtype.name}, got {spec.dtype.name}", TypeError)
-        if len(spec.shape) < 3 or tuple(spec.shape[-3:]) != side:
-            whole_given = len(spec.shape) >= 3 and tuple(spec.shape[-2:]) == whole and self.grid.size > 1
-            cause = (f"got the whole {whole[0]} x {whole[1]} field where this rank's tile belongs" if whole_given
-                     else f"the last three axes of {tuple(spec.shape)} are not (channels, *this rank's tile)")
-            raise InputError(f"{what}: {cause}\n  fix: pass (..., {side[0]}, *grid.local_shape{whole}) per rank\n"
-                             f"  rank {self.grid.rank}: expected (..., {', '.join(map(str, side))}), got "
-                             f"{tuple(spec.shape)}")
+        check_tile(self.grid, spec, whole, self.dtype, side[0], what)
 
     def _output(self, direction, spec):
         (side_in, side_out), (whole_in, whole_out) = self._sides(), (self.in_shape, self.out_shape)
@@ -263,7 +256,7 @@ class SpectralConvS2(LinearOperator):
         local = xp.einsum("...gilm,...golm->giol", self._grouped(spectrum_in, self.in_channels).conj(),
                           self._grouped(spectrum_out, self.out_channels), **options)
         weight_bar = numpy.zeros(self._weight.shape, dtype=self.cdtype)
-        weight_bar[..., self.degrees] = local if xp is numpy else xp.asnumpy(local)
+        weight_bar[..., self.degrees] = backend.to_host(local)
         parts = [weight_bar]
         x_bar, bias_bar = None, None
         if bias is not None or input_gradient:
@@ -274,7 +267,7 @@ class SpectralConvS2(LinearOperator):
                                                                              + spectrum_in.shape[-2:]).sum(axis=0)
             bias_bar = numpy.zeros(self._bias.shape, dtype=self.cdtype)
             rows = numpy.ix_(numpy.arange(self.in_channels), self.degrees, self.orders)
-            bias_bar[0][rows] = local_bias if xp is numpy else xp.asnumpy(local_bias)
+            bias_bar[0][rows] = backend.to_host(local_bias)
             parts.append(bias_bar)
         if input_gradient:
             x_bar = xp.empty(lead + self._sides()[0], dtype=self.dtype)

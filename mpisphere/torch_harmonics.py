@@ -46,7 +46,6 @@ import math
 import numpy
 import torch
 
-from . import collectives
 from .agreement import Call
 from .agreement.description import describe_parameter
 from .disco import DiscoConvS2, DiscoConvTransposeS2, filter_basis
@@ -124,9 +123,9 @@ class _PerDtype:
         self._build, self._ops = build, {}
 
     def __call__(self, dtype):
-        key = {torch.float32: numpy.float32, torch.float64: numpy.float64}.get(dtype)
-        if key is None:
-            raise TypeError(f"expected float32 or float64 tensors, got {dtype}")
+        # another dtype goes to the float32 operator, which refuses it on every rank through its agreement
+        # (raising here would leave the other ranks waiting in theirs)
+        key = {torch.float64: numpy.float64}.get(dtype, numpy.float32)
         if key not in self._ops:
             self._ops[key] = self._build(key)
         return self._ops[key]
@@ -341,17 +340,13 @@ class _DiscoLayer(_ParametrisedLayer):
 
     def _run_backward(self, x, grad, input_gradient):
         op = self._ops(x.dtype)
-        x_bar, w_bar = op.gradients(as_array(x), as_array(grad), input_gradient=input_gradient)
+        found = op.gradients(as_array(x), as_array(grad), input_gradient=input_gradient,
+                             bias_gradient=self.bias is not None)
+        x_bar, w_bar = found[:2]
         dtype = self.weight.dtype
         grads = [None if x_bar is None else as_tensor(x_bar), torch.from_numpy(w_bar).to(grad.device, dtype)]
         if self.bias is not None:
-            g = as_array(grad)
-            partial = g.reshape((-1,) + g.shape[-3:]).sum(axis=(0, 2, 3))
-            partial = numpy.ascontiguousarray(partial if isinstance(partial, numpy.ndarray) else partial.get(),
-                                              dtype=numpy.float64)
-            total = numpy.empty_like(partial)
-            collectives.allreduce(self.process_grid.cart, partial, total)
-            grads.append(torch.from_numpy(total).to(grad.device, self.bias.dtype))
+            grads.append(torch.from_numpy(found[2]).to(grad.device, self.bias.dtype))
         return grads
 
 

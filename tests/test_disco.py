@@ -127,6 +127,21 @@ def test_float32_and_a_batch_of_no_leading_axes(grid, rng):
     assert numpy.abs(y32 - y64).max() <= 1e-5 * max(numpy.abs(y64).max(), 1.0)
 
 
+def test_a_bias_gradient_comes_with_the_weights_one(grid, rng):
+    op, weight = build(grid, PAIRS[1], BASES[0], rng)
+    x = rng.standard_normal((2, 4) + PAIRS[1][0])
+    y_bar = rng.standard_normal((2, 6) + PAIRS[1][1])
+    x_bar, w_bar, b_bar = op.gradients(grid.scatter(x), grid.scatter(y_bar), input_gradient=False,
+                                       bias_gradient=True)
+    assert x_bar is None
+    _, expansion = reference(op, weight, x)
+    w_expected = numpy.einsum("boxy,bckxy->ock", y_bar, expansion)
+    w_bound = 1e-13 * numpy.einsum("boxy,bckxy->ock", numpy.abs(y_bar), numpy.abs(expansion)).max()
+    assert numpy.abs(w_bar - w_expected).max() <= w_bound
+    # the sum over the whole sphere and the batch per channel, within the rounding of its absolute terms
+    assert numpy.abs(b_bar - y_bar.sum(axis=(0, 2, 3))).max() <= 1e-13 * numpy.abs(y_bar).sum()
+
+
 def test_the_weights_can_change_between_calls(grid, rng):
     op, weight = build(grid, PAIRS[0], BASES[0], rng)
     x = grid.scatter(rng.standard_normal((1, 4, 12, 24)))

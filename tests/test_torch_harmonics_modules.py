@@ -234,6 +234,16 @@ def test_a_parameter_loaded_on_one_rank_only_raises_on_every_rank(grid):
     assert all(numpy.array_equal(weights[0], w) for w in weights)
 
 
+def test_a_dtype_on_the_last_rank_and_a_polar_mode_are_refused_on_every_rank(grid):
+    conv = thd.DistributedDiscreteContinuousConvS2(2, 2, (12, 24), (12, 24), (3,), process_grid=grid)
+    dtype = torch.float16 if grid.rank == grid.size - 1 else torch.float32
+    with raises(TypeError, match="expected float32, got float16"):
+        conv(torch.zeros(1, 2, *grid.local_shape(12, 24), dtype=dtype))
+    with raises(ValueError, match="polar_mode='reduce-scatter'"):
+        thd.DistributedDiscreteContinuousConvS2(2, 2, (12, 24), (12, 24), (3,), polar_mode="reduce-scatter",
+                                                process_grid=grid)
+
+
 def test_a_cutoff_wider_than_the_halo_is_refused_with_the_widest_served(grid):
     if grid.npolar == 1:  # one polar rank holds every latitude
         thd.DistributedDiscreteContinuousConvS2(1, 1, (25, 24), (25, 24), (3,), theta_cutoff=2.5, process_grid=grid)

@@ -19,7 +19,7 @@ def _hash_bytes(data):
 
 
 def _array_text(a):
-    host = a if isinstance(a, numpy.ndarray) else backend.array_module(a).asnumpy(a)
+    host = backend.to_host(a)
     host = numpy.ascontiguousarray(host)
     return f"array({tuple(host.shape)}, {host.dtype.name}, {_hash_bytes(host.tobytes())})"
 
@@ -33,7 +33,7 @@ def describe_parameter(value):
     """
     if value is None:
         return "None"
-    host = value if isinstance(value, numpy.ndarray) else backend.array_module(value).asnumpy(value)
+    host = backend.to_host(value)
     host = numpy.ascontiguousarray(host)
     return f"'{tuple(host.shape)} {host.dtype.name} {_hash_bytes(host.tobytes())}'"
 

@@ -33,6 +33,7 @@ from .. import backend, collectives, dtypes
 from ..agreement import Call, Context, InputError, Spec, agree_construction, collective
 from ..agreement.description import describe_parameter
 from ..geometry import polar_halo_radius
+from ..grid import check_tile
 from ..halo import HaloExchange
 from ..operators import ADJOINT, DISTRIBUTED, FORWARD, Layout, LinearOperator
 from ..partition import split_sizes
@@ -178,7 +179,7 @@ class _DiscoBase(LinearOperator):
 
     @weight.setter
     def weight(self, value):
-        host = value if isinstance(value, numpy.ndarray) else backend.array_module(value).asnumpy(value)
+        host = backend.to_host(value)
         if host.ndim != 3 or host.shape[2] != self.basis.kernel_size or host.shape[0] % self.groups:
             raise ValueError(f"{self.name}: weight must be (out_channels, in_channels // groups, kernel_size="
                              f"{self.basis.kernel_size}) with out_channels a multiple of groups={self.groups}, "
@@ -205,16 +206,7 @@ class _DiscoBase(LinearOperator):
         return lead + side_in, lead + side_out
 
     def _check(self, spec, side, whole, what):
-        if spec.dtype != self.dtype:
-            raise InputError(f"{what}: expected {self.dtype.name}, got {spec.dtype.name}", TypeError)
-        if len(spec.shape) < 3 or tuple(spec.shape[-3:]) != side:
-            if len(spec.shape) >= 3 and tuple(spec.shape[-2:]) == whole and self.grid.size > 1:
-                cause = f"got the whole {whole[0]} x {whole[1]} field where this rank's tile belongs"
-            else:
-                cause = f"the last three axes of {tuple(spec.shape)} are not (channels, *this rank's tile)"
-            raise InputError(f"{what}: {cause}\n  fix: pass (..., {side[0]}, *grid.local_shape{whole}) per rank "
-                             f"(grid.scatter gives each rank its tile)\n  rank {self.grid.rank}: expected "
-                             f"(..., {', '.join(map(str, side))}), got {tuple(spec.shape)}")
+        check_tile(self.grid, spec, whole, self.dtype, side[0], what)
 
     def _output(self, direction, spec):
         side_in, side_out = self._sides()
@@ -391,8 +383,8 @@ class _DiscoBase(LinearOperator):
     # --- gradients -------------------------------------------------------------------------------
 
     @collective
-    def gradients(self, x, y_bar, input_gradient=True):
-        """The gradients of ``<y_bar, forward(x)>``: with respect to ``x`` and to the weights.
+    def gradients(self, x, y_bar, input_gradient=True, bias_gradient=False):
+        """The gradients of ``<y_bar, forward(x)>``: with respect to ``x`` and to the weights (and a bias).
 
         Parameters
         ----------
@@ -402,6 +394,10 @@ class _DiscoBase(LinearOperator):
             The output's cotangent, this rank's tile.
         input_gradient : bool
             Also return ``adjoint(y_bar)`` (computed in the same pass).
+        bias_gradient : bool
+            Also return the gradient of a bias added per output channel
+            (``y_bar`` summed over everything but the channels and the grid),
+            summed over the ranks with the weights' gradient.
 
         Returns
         -------
@@ -410,6 +406,8 @@ class _DiscoBase(LinearOperator):
         weight_bar : numpy.ndarray, ``weight.shape``
             The whole-sphere gradient, the same on every rank (summed over
             the grid).
+        bias_bar : numpy.ndarray, ``(out_channels,)``
+            With ``bias_gradient`` only: the whole-sphere gradient of a bias.
 
         Notes
         -----
@@ -427,6 +425,7 @@ class _DiscoBase(LinearOperator):
             if tuple(spec_y.shape[:-3]) != tuple(lead):
                 raise InputError(f"x and y_bar have different leading axes: {lead} and {spec_y.shape[:-3]}")
         call.agree(f"{self._describe()} gradients: input_gradient={bool(input_gradient)}, "
+                   f"bias_gradient={bool(bias_gradient)}, "
                    f"x={spec_x.describe((-2, -1)) if lead is not None else None}, weight={self._weight_text}")
         context = Context.local(spec_x)
         xp = backend.array_module(x)
@@ -452,16 +451,24 @@ class _DiscoBase(LinearOperator):
             u = self._real(expanded, batch, self.out_channels)
             # sum over the batch of (g, og, Z) @ (g, Z, cg): one batched product, no copies
             found = xp.matmul(u, x_spectrum.swapaxes(-1, -2)).sum(axis=0)
-            grad[..., k] = found if xp is numpy else xp.asnumpy(found)
+            grad[..., k] = backend.to_host(found)
             if input_gradient:
                 self._mix_into(xp, mixing_t[k], u, self._real(x_bar_spectrum, batch, self.in_channels), k > 0)
         x_bar = None
         if input_gradient:
             x_bar = xp.empty(tuple(lead) + (self.in_channels,) + self.tile_in, dtype=self.dtype)
             self._front_adjoint(x_bar_spectrum, batch, x_bar.reshape(xb.shape), context)
-        total = numpy.empty_like(grad)
-        collectives.allreduce(self.grid.cart, grad, total)
-        weight_bar = total.reshape(self.out_channels, cg, K).astype(self.dtype)
+        # one sum over the grid for the weights and the bias
+        parts = [grad.reshape(-1)]
+        if bias_gradient:
+            per_channel = yb.reshape(batch, self.out_channels, -1).sum(axis=(0, 2))
+            parts.append(backend.to_host(per_channel).astype(numpy.float64))
+        flat = numpy.concatenate(parts)
+        total = numpy.empty_like(flat)
+        collectives.allreduce(self.grid.cart, flat, total)
+        weight_bar = total[:grad.size].reshape(self.out_channels, cg, K).astype(self.dtype)
+        if bias_gradient:
+            return x_bar, weight_bar, total[grad.size:].astype(self.dtype)
         return x_bar, weight_bar
 
     def weight_gradient(self, x, y_bar):
