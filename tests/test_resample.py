@@ -19,6 +19,24 @@ CASES = [((12, 24), (17, 36), ("equiangular", "equiangular")),
          ((11, 24), (11, 24), ("lobatto", "legendre-gauss"))]
 
 
+def rows(theta_in, theta_out):
+    """torch-harmonics' first input row of each output row and its weight (held in float32)."""
+    i = numpy.searchsorted(theta_in, theta_out, side="right") - 1
+    i = numpy.where(theta_out == theta_in[-1], i - 1, i)
+    return i, ((theta_out - theta_in[i]) / numpy.diff(theta_in)[i]).astype(numpy.float32).astype(float)[:, None]
+
+
+def longitudes(in_shape, out_shape):
+    """torch-harmonics' two input columns of each output column (periodic) and the weight of the second."""
+    lon_in = numpy.linspace(0, 2 * math.pi, in_shape[1] + 1)[:-1]
+    lon_out = numpy.linspace(0, 2 * math.pi, out_shape[1] + 1)[:-1]
+    left = numpy.searchsorted(lon_in, lon_out, side="right") - 1
+    right = numpy.where(lon_out >= lon_in[-1], 0, left + 1)
+    gap = lon_in[right] - lon_in[left]
+    gap = numpy.where(gap <= 0, gap + 2 * math.pi, gap)
+    return left, right, ((lon_out - lon_in[left]) / gap).astype(numpy.float32).astype(float)
+
+
 def reference(x, in_shape, out_shape, quadratures):
     """torch-harmonics 0.9.3's ResampleS2 (bilinear) written out with NumPy: rows, then columns."""
     theta_in, _ = latitudes(in_shape[0], quadratures[0])
@@ -27,17 +45,9 @@ def reference(x, in_shape, out_shape, quadratures):
         theta_in = numpy.concatenate([[0.0], theta_in, [math.pi]])
         x = numpy.concatenate([x[..., :1, :].mean(axis=-1, keepdims=True) * numpy.ones_like(x[..., :1, :]), x,
                                x[..., -1:, :].mean(axis=-1, keepdims=True) * numpy.ones_like(x[..., :1, :])], axis=-2)
-    i = numpy.searchsorted(theta_in, theta_out, side="right") - 1
-    i = numpy.where(theta_out == theta_in[-1], i - 1, i)
-    a = ((theta_out - theta_in[i]) / numpy.diff(theta_in)[i]).astype(numpy.float32).astype(float)[:, None]
+    i, a = rows(theta_in, theta_out)
     x = x[..., i, :] + a * (x[..., i + 1, :] - x[..., i, :])
-    lon_in = numpy.linspace(0, 2 * math.pi, in_shape[1] + 1)[:-1]
-    lon_out = numpy.linspace(0, 2 * math.pi, out_shape[1] + 1)[:-1]
-    left = numpy.searchsorted(lon_in, lon_out, side="right") - 1
-    right = numpy.where(lon_out >= lon_in[-1], 0, left + 1)
-    gap = lon_in[right] - lon_in[left]
-    gap = numpy.where(gap <= 0, gap + 2 * math.pi, gap)
-    b = ((lon_out - lon_in[left]) / gap).astype(numpy.float32).astype(float)
+    left, right, b = longitudes(in_shape, out_shape)
     return x[..., left] + b * (x[..., right] - x[..., left])
 
 
@@ -71,17 +81,9 @@ def spherical_reference(x, in_shape, out_shape, quadratures):
 
     def arc(a, b, w):
         return a + w * (numpy.remainder(b - a + math.pi, 2 * math.pi) - math.pi)
-    i = numpy.searchsorted(theta_in, theta_out, side="right") - 1
-    i = numpy.where(theta_out == theta_in[-1], i - 1, i)
-    a = ((theta_out - theta_in[i]) / numpy.diff(theta_in)[i]).astype(numpy.float32).astype(float)[:, None]
+    i, a = rows(theta_in, theta_out)
     x = arc(x[..., i, :], x[..., i + 1, :], a)
-    lon_in = numpy.linspace(0, 2 * math.pi, in_shape[1] + 1)[:-1]
-    lon_out = numpy.linspace(0, 2 * math.pi, out_shape[1] + 1)[:-1]
-    left = numpy.searchsorted(lon_in, lon_out, side="right") - 1
-    right = numpy.where(lon_out >= lon_in[-1], 0, left + 1)
-    gap = lon_in[right] - lon_in[left]
-    gap = numpy.where(gap <= 0, gap + 2 * math.pi, gap)
-    b = ((lon_out - lon_in[left]) / gap).astype(numpy.float32).astype(float)
+    left, right, b = longitudes(in_shape, out_shape)
     return arc(x[..., left], x[..., right], b)
 
 

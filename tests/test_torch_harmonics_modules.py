@@ -59,6 +59,21 @@ def close(a, b, rtol):
     return float((a - b).abs().max()) <= rtol * float(b.abs().max())
 
 
+def run_both(grid, serial, ours, x):
+    """Forward and backward of the serial module on ``x`` and of ours on this rank's tile, with one cotangent.
+
+    Returns ``(y, x_grad, our y gathered, our x grad gathered)``.
+    """
+    x = x.detach().requires_grad_(True)
+    y = serial(x)
+    y_bar = torch.randn_like(y)
+    y.backward(y_bar)
+    x_tile = tile_of(grid, x).requires_grad_(True)
+    y_tile = ours(x_tile)
+    y_tile.backward(tile_of(grid, y_bar))
+    return y.detach(), x.grad, gathered(grid, y_tile), gathered(grid, x_tile.grad)
+
+
 DISCO = [
     # kernel_shape, basis_type, basis_norm_mode, groups, grid_in, grid_out, in_shape, out_shape, transposed, cutoff
     ((3,), "piecewise linear", "nodal", 1, "equiangular", "equiangular", (16, 32), (16, 32), False, None),
@@ -87,15 +102,9 @@ def test_disco_layers_match_the_serial_module(grid, case):
         serial.bias.normal_()
     ours = ours_class(4, 6, in_shape, out_shape, kernel_shape, process_grid=grid, **options)
     ours.load_state_dict(serial.state_dict())
-    x = torch.randn(2, 4, *in_shape, requires_grad=True)
-    y = serial(x)
-    y_bar = torch.randn_like(y)
-    y.backward(y_bar)
-    x_tile = tile_of(grid, x).requires_grad_(True)
-    y_tile = ours(x_tile)
-    y_tile.backward(tile_of(grid, y_bar))
-    assert close(gathered(grid, y_tile), y.detach(), 1e-12)
-    assert close(gathered(grid, x_tile.grad), x.grad, 1e-11)
+    y, x_grad, found, found_grad = run_both(grid, serial, ours, torch.randn(2, 4, *in_shape))
+    assert close(found, y, 1e-12)
+    assert close(found_grad, x_grad, 1e-11)
     assert close(ours.weight.grad, serial.weight.grad, 1e-11)
     assert close(ours.bias.grad, serial.bias.grad, 1e-11)
 
@@ -147,21 +156,14 @@ def test_resampling_matches_the_serial_module(grid, shapes, mode):
                                      process_grid=grid)
     torch.manual_seed(5)
     scale = numpy.pi if mode == "bilinear-spherical" else 1.0   # angles: across the branch cut too
-    x = (scale * torch.randn(2, 3, nlat_in, nlon_in)).requires_grad_(True)
-    y = serial(x)
-    y_bar = torch.randn_like(y)
-    y.backward(y_bar)
-    x_tile = tile_of(grid, x).requires_grad_(True)
-    y_tile = ours(x_tile)
-    y_tile.backward(tile_of(grid, y_bar))
-    found = gathered(grid, y_tile)
+    y, x_grad, found, found_grad = run_both(grid, serial, ours, scale * torch.randn(2, 3, nlat_in, nlon_in))
     if mode == "bilinear-spherical":
         # angles, each a lift from the arc's start: where an output longitude falls on an input one, the two
         # libraries' longitudes (torch.linspace's and NumPy's last bits) pick the arc's other end, the same
         # angle 2 pi k away
-        found = y.detach() + torch.remainder(found - y.detach() + numpy.pi, 2 * numpy.pi) - numpy.pi
-    assert close(found, y.detach(), 1e-12)
-    assert close(gathered(grid, x_tile.grad), x.grad, 1e-12)
+        found = y + torch.remainder(found - y + numpy.pi, 2 * numpy.pi) - numpy.pi
+    assert close(found, y, 1e-12)
+    assert close(found_grad, x_grad, 1e-12)
 
 
 class SerialSpectralConv(torch.nn.Module):
@@ -202,15 +204,9 @@ def test_spectral_convolution_matches_torch_harmonics_steps(grid, bias):
                                          grid_out="legendre-gauss", bias=bias, process_grid=grid)
     ours.load_state_dict(module.state_dict())     # the serial module's names and shapes
     serial = SerialSpectralConv(module, in_shape, out_shape, "equiangular", "legendre-gauss")
-    x = torch.randn(2, 4, *in_shape, requires_grad=True)
-    y = serial(x)
-    y_bar = torch.randn_like(y)
-    y.backward(y_bar)
-    x_tile = tile_of(grid, x).requires_grad_(True)
-    y_tile = ours(x_tile)
-    y_tile.backward(tile_of(grid, y_bar))
-    assert close(gathered(grid, y_tile), y.detach(), 1e-12)
-    assert close(gathered(grid, x_tile.grad), x.grad, 1e-11)
+    y, x_grad, found, found_grad = run_both(grid, serial, ours, torch.randn(2, 4, *in_shape))
+    assert close(found, y, 1e-12)
+    assert close(found_grad, x_grad, 1e-11)
     assert close(ours.weight.grad, serial.weight.grad.to(ours.weight.dtype), 1e-6)   # parameters are complex64
     if bias:
         assert close(ours.spectral_bias.grad, serial.spectral_bias.grad.to(torch.complex64), 1e-6)
