@@ -167,7 +167,8 @@ class ResampleS2(LinearOperator):
 
     def _output(self, direction, spec):
         if direction == ADJOINT and not self.linear:
-            raise InputError(self._output_adjoint_refusal(), TypeError)
+            raise InputError("bilinear-spherical resampling interpolates angles: it is not linear and has no adjoint\n"
+                             "  fix: ResampleS2.vjp(x, y_bar) gives the adjoint of its derivative at x", TypeError)
         other, whole = (self.tile_out, self.in_shape) if direction == FORWARD else (self.tile_in, self.out_shape)
         check_tile(self.grid, spec, whole, self.dtype)
         return spec.but(shape=tuple(spec.shape[:-2]) + other), spec.describe((-2, -1))
@@ -184,51 +185,44 @@ class ResampleS2(LinearOperator):
         """False for ``"bilinear-spherical"`` (angles): no adjoint, ``vjp`` instead."""
         return self.mode == "bilinear"
 
-    def _extended(self, x, context):
-        """``x`` (B, h, w) with its halo and the two pole rows: ``(B, rows + 2, cols)``, and the pole rings' sums.
+    def _ring_sums(self, x, context):
+        """The outermost rings' sums over all longitudes, ``(B, 2)`` (bilinear: the values) or ``(B, 4)``
+        (angles: north sin, cos, south sin, cos), on the ranks that use the poles (zeros elsewhere)."""
+        xp = backend.array_module(x)
+        per_ring = (lambda ring: (ring,)) if self.linear else (lambda ring: (xp.sin(ring), xp.cos(ring)))
+        width = 1 if self.linear else 2
+        sums = xp.zeros((x.shape[0], 2 * width), dtype=self.dtype)
+        for k, (used, ring) in enumerate(((self.north, x[:, 0]), (self.south, x[:, -1]))):
+            if used:
+                for i, values in enumerate(per_ring(ring)):
+                    sums[:, width * k + i] = values.sum(axis=-1)
+        self._pole_sums(sums, context)
+        return sums
 
-        The sums (``(B, 4)``: north sin, cos, south sin, cos; or ``(B, 2)``, the values) are over the whole
-        outermost rings, on the ranks that use them (zeros elsewhere).
+    def _extended(self, x, context):
+        """``x`` (B, h, w) with its halo and the two pole rows: ``(B, rows + 2, cols)``.
+
+        The pole rows hold the outermost rings' means (torch-harmonics' circular means for angles: the
+        direction of the mean unit vector).
         """
         xp = backend.array_module(x)
         batch, h, w = x.shape
         rows_padded, cols_padded = h + 2 * self.rows, w + 2 * self.cols
-        n = self.in_shape[1]
         extended = xp.zeros((batch, rows_padded + 2, cols_padded), dtype=self.dtype)
         if self.rows or self.cols:
             self.halo._run(FORWARD, x, extended[:, :rows_padded], context)
         else:
             extended[:, :rows_padded] = x
-        rings = [(self.north, x[:, 0]), (self.south, x[:, -1])]
-        if self.linear:
-            sums = xp.zeros((batch, 2), dtype=self.dtype)
-            for k, (used, ring) in enumerate(rings):
-                if used:
-                    sums[:, k] = ring.sum(axis=-1)
-            self._pole_sums(sums, context)
-            extended[:, rows_padded:] = (sums / n)[:, :, None]
-            return extended, sums
-        sums = xp.zeros((batch, 4), dtype=self.dtype)
-        for k, (used, ring) in enumerate(rings):
-            if used:
-                sums[:, 2 * k] = xp.sin(ring).sum(axis=-1)
-                sums[:, 2 * k + 1] = xp.cos(ring).sum(axis=-1)
-        self._pole_sums(sums, context)
-        # torch-harmonics' circular mean: the direction of the mean unit vector
-        means = sums / n
-        extended[:, rows_padded:] = xp.arctan2(means[:, 0::2], means[:, 1::2])[:, :, None]
-        return extended, sums
-
-    def _output_adjoint_refusal(self):
-        return ("bilinear-spherical resampling interpolates angles: it is not linear and has no adjoint\n  fix: "
-                "ResampleS2.vjp(x, y_bar) gives the adjoint of its derivative at x")
+        means = self._ring_sums(x, context) / self.in_shape[1]
+        extended[:, rows_padded:] = (means if self.linear else xp.arctan2(means[:, 0::2], means[:, 1::2]))[:, :, None]
+        return extended
 
     def _run(self, direction, x, out, context):
         xp = backend.array_module(x)
         batch = math.prod(x.shape[:-2])
         h, w = self.tile_in
         if direction == FORWARD:
-            extended, _ = self._extended(xp.ascontiguousarray(x).reshape(batch, h, w), context)
+            extended = self._extended(xp.ascontiguousarray(x).reshape(batch, h, w), context)
             if self.linear:
                 result = self._cols.apply(self._rows.apply(extended, 1), 2)
             else:
@@ -254,8 +248,7 @@ class ResampleS2(LinearOperator):
         if self.linear:
             slopes = [None, None]
         else:   # d atan2(S, C) / dx_j = (C cos x_j + S sin x_j) / (n (S^2 + C^2)), S and C the ring's means
-            _, sums = self._extended(x, context)
-            means = sums / n
+            means = self._ring_sums(x, context) / n
             slopes = []
             for k, ring in ((0, x[:, 0]), (1, x[:, -1])):
                 S, C = means[:, 2 * k:2 * k + 1], means[:, 2 * k + 1:2 * k + 2]

@@ -160,7 +160,6 @@ class _DiscoBase(LinearOperator):
             tensor = convolution_tensor(self.basis, self.in_shape, self.out_shape, quadrature_in, quadrature_out,
                                         self.theta_cutoff, self.basis_norm_mode)
             targets_of, sources_of = "out_row", "in_row"
-        self.nnz = tensor.values.size
         self.source_rows = self.tile_in[0] + 2 * self.halo_rows
         self.bands = band_tables(tensor, targets_of, sources_of, (lat_out.start, lat_out.stop),
                                  lat_in.start - self.halo_rows, self.source_rows, self.nfft, self.orders,
