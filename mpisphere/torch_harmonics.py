@@ -185,6 +185,12 @@ class DistributedInverseRealVectorSHT(_Transform):
     _operator = _InverseVectorSHT
 
 
+def _check_groups(who, in_channels, out_channels, groups, name):
+    if in_channels % groups or out_channels % groups:
+        raise ValueError(f"{who}: in_channels={in_channels} and out_channels={out_channels} must be multiples of "
+                         f"{name}={groups}")
+
+
 def _grid_of(grid):
     return process_grid(grid)
 
@@ -290,9 +296,7 @@ class _DiscoLayer(_ParametrisedLayer):
             raise ValueError(f"{name}: polar_mode={polar_mode!r}: mpisphere's DISCO convolutions bring the rows "
                              "through the polar halo only (polar_mode='halo-exchange'); a cutoff wider than the halo "
                              "reaches is refused, naming the widest one the split serves")
-        if in_channels % groups or out_channels % groups:
-            raise ValueError(f"{name}: in_channels={in_channels} and out_channels={out_channels} must be multiples "
-                             f"of groups={groups}")
+        _check_groups(name, in_channels, out_channels, groups, "groups")
         pg = _grid_of(process_grid)
         self.process_grid = pg
         self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
@@ -373,9 +377,7 @@ class DistributedSpectralConvS2(_ParametrisedLayer):
     def __init__(self, in_shape, out_shape, in_channels, out_channels, num_groups=1, grid_in="equiangular",
                  grid_out="equiangular", bias=False, *, process_grid=None):
         super().__init__()
-        if in_channels % num_groups or out_channels % num_groups:
-            raise ValueError(f"DistributedSpectralConvS2: in_channels={in_channels} and out_channels={out_channels} "
-                             f"must be multiples of num_groups={num_groups}")
+        _check_groups("DistributedSpectralConvS2", in_channels, out_channels, num_groups, "num_groups")
         pg = _grid_of(process_grid)
         self.process_grid = pg
         self.in_channels, self.out_channels, self.num_groups = in_channels, out_channels, num_groups
