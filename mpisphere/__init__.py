@@ -35,6 +35,7 @@ _PUBLIC = {
     "REPLICATED": "operators",
     "Transpose": "transpose",
     "Exchange": "transpose",
+    "BufferPool": "transpose",
     "CopyTo": "primitives",
     "ReduceFrom": "primitives",
     "ScatterTo": "primitives",

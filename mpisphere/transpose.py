@@ -20,18 +20,43 @@ from .partition import offsets_of, split_sizes
 from .validation import check_int
 from .comm_operator import CommunicatorOperator, along, check_axis, check_moved_dtype
 
-__all__ = ["Transpose", "Exchange"]
+__all__ = ["Transpose", "Exchange", "BufferPool"]
+
+
+class BufferPool:
+    """Where exchanges take their buffer sets: one set per exchange in flight, given back when it ends.
+
+    Each set is a :class:`~mpisphere.backend.Workspace` whose buffers are raw
+    bytes viewed as the dtype of the moment, so one set serves transposes of
+    several shapes and dtypes. Transposes that never run at the same time
+    (the stages of one operator's pipelines) may share a pool: they then hold
+    one set between them, each buffer as large as the largest they need,
+    instead of one set each. Not meant to be shared between threads.
+    """
+
+    __slots__ = ("_free",)
+
+    def __init__(self):
+        self._free = []
+
+    def take(self):
+        """A buffer set's workspace: a free one, or a new one when every set is in use."""
+        return self._free.pop() if self._free else backend.Workspace()
+
+    def give(self, workspace):
+        """Return a set taken with :meth:`take` (its exchange has completed)."""
+        self._free.append(workspace)
 
 
 class _TransposePlan:
     """Counts, displacements and buffers of one (direction, input shape, dtype, device), built once.
 
     Buffers come in sets (send and receive); each call or exchange in flight
-    takes a set of its own from the plan's pool and returns it when done, so
-    two exchanges in flight never share memory.
+    takes a set of its own from the pool (:class:`BufferPool`) and returns it
+    when done, so two exchanges in flight never share memory.
     """
 
-    def __init__(self, op, shape, dtype, s, g, s_sizes, g_sizes):
+    def __init__(self, op, shape, dtype, s, g, s_sizes, g_sizes, pool):
         size, rank = op.size, op.rank
         self.size, self.rank, self.s, self.g = size, rank, s, g
         self.dtype = dtype
@@ -53,7 +78,7 @@ class _TransposePlan:
         self.direct_recv_displs = [unit_out * o for o in self.g_offs]
         self.packed_send_displs = offsets_of(self.send_counts)
         self.packed_recv_displs = offsets_of(self.recv_counts)
-        self._pool = []
+        self._pool = pool
 
     def send_block(self, x, q):  # what rank q receives from x: its chunk along s
         return x[along(self.s, slice(self.s_offs[q], self.s_offs[q] + self.s_sizes[q]))]
@@ -61,25 +86,31 @@ class _TransposePlan:
     def recv_block(self, out, q):  # where q's data lands in out: q's chunk along g
         return out[along(self.g, slice(self.g_offs[q], self.g_offs[q] + self.g_sizes[q]))]
 
-    def acquire(self, like, host_only):
+    def acquire(self, like, host_only, send=True, recv=True):
         """A buffer set: ``{"send", "recv", "workspace"}`` (flat; pinned host arrays when ``host_only``).
 
-        Each set keeps its buffers in a workspace of its own: asked for again
-        on another CUDA stream, the device buffers are ordered after the
-        stream that used them last, and a pinned receive buffer whose copy to
-        the device is still queued is waited for (the stream rule of
-        :mod:`mpisphere.backend`).
+        ``send``, ``recv``: whether the call packs into a send buffer and
+        unpacks from a receive buffer (a direct exchange needs neither; the
+        entry is then None). Each set keeps its buffers in a workspace of its
+        own: asked for again on another CUDA stream, the device buffers are
+        ordered after the stream that used them last, and a pinned receive
+        buffer whose copy to the device is still queued is waited for (the
+        stream rule of :mod:`mpisphere.backend`).
         """
-        ws = self._pool.pop()["workspace"] if self._pool else backend.Workspace()
-        total_send, total_recv = sum(self.send_counts), sum(self.recv_counts)
-        if host_only and backend.is_device_array(like):
-            return {"send": ws.host("send", total_send, self.dtype, True),
-                    "recv": ws.host("recv", total_recv, self.dtype, True), "workspace": ws}
-        return {"send": ws.scratch("send", like, total_send, self.dtype),
-                "recv": ws.scratch("recv", like, total_recv, self.dtype), "workspace": ws}
+        ws = self._pool.take()
+        pinned = host_only and backend.is_device_array(like)
+        return {"send": self.raw(ws, "send", like, sum(self.send_counts), pinned) if send else None,
+                "recv": self.raw(ws, "recv", like, sum(self.recv_counts), pinned) if recv else None,
+                "workspace": ws}
+
+    def raw(self, ws, name, like, count, pinned=False):
+        """``count`` entries of the plan's dtype in ``ws``'s byte buffer ``name`` (kept whatever the dtype)."""
+        nbytes = count * self.dtype.itemsize
+        buf = ws.host(name, nbytes, numpy.uint8, True) if pinned else ws.scratch(name, like, nbytes, numpy.uint8)
+        return buf.view(self.dtype)
 
     def release(self, buffers):
-        self._pool.append(buffers)
+        self._pool.give(buffers["workspace"])
 
     def pack(self, x, send):
         displs = self.packed_send_displs
@@ -156,6 +187,9 @@ class Transpose(CommunicatorOperator):
         :func:`~mpisphere.split_sizes`; or, for an axis split otherwise (the
         rings of a reduced grid, balanced by points), the sizes of every
         rank's chunk along it (``comm.size`` entries, each at least 1).
+    pool : BufferPool, keyword-only, optional
+        Where its exchanges take their buffers; transposes that never run
+        at the same time may share one (default: a pool per plan).
 
     Notes
     -----
@@ -175,8 +209,9 @@ class Transpose(CommunicatorOperator):
     return an :class:`Exchange` at once, for overlapping it with work.
     """
 
-    def __init__(self, comm, axes, extents):
+    def __init__(self, comm, axes, extents, *, pool=None):
         super().__init__(comm)
+        self._pool = pool
         try:
             a, b = (check_int(v, "axes") for v in axes)
         except (TypeError, ValueError):
@@ -259,26 +294,35 @@ class Transpose(CommunicatorOperator):
         key = (direction, tuple(x.shape), x.dtype.str, backend.is_device_array(x))
         return self._plans.get(key, lambda: _TransposePlan(self, tuple(x.shape), numpy.dtype(x.dtype),
                                                            split_axis % x.ndim, gather_axis % x.ndim, s_sizes,
-                                                           g_sizes))
+                                                           g_sizes, self._pool or BufferPool()))
 
     def _reserve(self, direction, x, out):
         if self.size > 1 and not backend.is_device_array(x):  # (device sets differ when staged: made in the call)
             plan = self._plan(direction, x)
-            plan.release(plan.acquire(x, host_only=False))  # into the pool, where the call takes it from
+            # into the pool, where the call takes it from
+            plan.release(plan.acquire(x, False, *self._packed(plan, x, out, staged=False)))
+
+    @staticmethod
+    def _packed(plan, x, out, staged):
+        """Whether a call packs its send and unpacks its receive buffer (else MPI reads ``x``, writes ``out``)."""
+        if staged and backend.is_device_array(x):
+            return True, True
+        return not (plan.send_direct and x.flags.c_contiguous), not (plan.recv_direct and out.flags.c_contiguous)
 
     def _run(self, direction, x, out, context):
         if self.size == 1:
             backend.copy_into(out, x)
             return
         plan = self._plan(direction, x)
-        buffers = plan.acquire(x, host_only=False)
+        packed_send, packed_recv = self._packed(plan, x, out, staged=False)
+        buffers = plan.acquire(x, False, packed_send, packed_recv)
         try:
-            if plan.send_direct and x.flags.c_contiguous:
+            if not packed_send:
                 send, send_displs = x.reshape(-1), plan.direct_send_displs
             else:
                 send, send_displs = buffers["send"], plan.packed_send_displs
                 plan.pack(x, send)
-            direct = plan.recv_direct and out.flags.c_contiguous
+            direct = not packed_recv
             if direct:
                 recv, recv_displs = out.reshape(-1), plan.direct_recv_displs
             else:
@@ -320,19 +364,20 @@ class Transpose(CommunicatorOperator):
             backend.copy_into(out, x)
             return Exchange(self, label, None, None, None, x, out, None)
         plan = self._plan(direction, x)
-        buffers = plan.acquire(x, host_only=context.staged)
         staged = context.staged and backend.is_device_array(x)
-        if not staged and plan.send_direct and x.flags.c_contiguous:
+        packed_send, packed_recv = self._packed(plan, x, out, staged)
+        buffers = plan.acquire(x, context.staged, packed_send, packed_recv)
+        if not packed_send:
             send, send_displs = x.reshape(-1), plan.direct_send_displs
         else:
             send, send_displs = buffers["send"], plan.packed_send_displs
             if staged:  # packed on the device in the buffer set's own workspace, then one copy to the host
-                packed = buffers["workspace"].scratch("packed", x, send.size)
+                packed = plan.raw(buffers["workspace"], "packed", x, send.size)
                 plan.pack(x, packed)
                 backend.copy_to_host(packed, send)
             else:
                 plan.pack(x, send)
-        direct = not staged and plan.recv_direct and out.flags.c_contiguous
+        direct = not packed_recv
         if direct:
             recv, recv_displs = out.reshape(-1), plan.direct_recv_displs
         else:
@@ -345,7 +390,7 @@ class Transpose(CommunicatorOperator):
             if direct:
                 return
             if staged:
-                arrived = buffers["workspace"].scratch("arrived", out, recv.size)
+                arrived = plan.raw(buffers["workspace"], "arrived", out, recv.size)
                 backend.copy_from_host(recv, arrived)
                 buffers["workspace"].guard("recv", True, arrived)  # the next exchange's MPI writes recv
                 plan.unpack(arrived, out)

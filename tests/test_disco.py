@@ -13,7 +13,7 @@ import re
 import numpy
 import pytest
 
-from mpisphere import dottest
+from mpisphere import config, dottest
 from mpisphere.disco import (DiscoConvS2, DiscoConvTransposeS2, convolution_tensor, default_theta_cutoff,
                              filter_basis)
 from mpisphere.disco.psi import _rotated, effective_cutoff
@@ -78,8 +78,18 @@ def build(grid, pair, basis, rng, channels=(4, 6), **options):
 
 @pytest.mark.parametrize("pair", PAIRS, ids=["same", "down", "up", "odd"])
 @pytest.mark.parametrize("basis", BASES, ids=["hat", "hat-aniso-g2", "zernike", "harmonic-g2"])
-def test_forward_adjoint_and_gradients_match_the_dense_reference(grid, pair, basis, rng):
+@pytest.mark.parametrize("blocks", ["whole", "rows", "device"])
+def test_forward_adjoint_and_gradients_match_the_dense_reference(grid, pair, basis, blocks, rng):
+    """``blocks``: the contraction in one block (small grids on the host), a block per row (what large grids
+    do, cache-sized), or the device kernels' block per basis function (taken here on host arrays)."""
     op, weight = build(grid, pair, basis, rng)
+    if blocks == "rows":
+        op.block_bytes = 1
+    with config.override(device_kernels=blocks == "device"):
+        check_against_the_dense_reference(grid, op, weight, pair, rng)
+
+
+def check_against_the_dense_reference(grid, op, weight, pair, rng):
     x = rng.standard_normal((2, 4) + pair[0])
     y_bar = rng.standard_normal((2, 6) + pair[1])
     expected, expansion = reference(op, weight, x)

@@ -15,8 +15,8 @@ import pytest
 from mpi4py import MPI
 
 import mpisphere
-from mpisphere import (CopyTo, GatherFrom, GatherFromCopyTo, ReduceFrom, ReduceScatter, ScatterTo, Transpose,
-                       config, dottest)
+from mpisphere import (BufferPool, CopyTo, GatherFrom, GatherFromCopyTo, ReduceFrom, ReduceScatter, ScatterTo,
+                       Transpose, config, dottest)
 
 from helpers import FLOAT_TOL, chunk, every_rank, quoted, raises, random_array, rank_rng, whole_message
 
@@ -533,13 +533,16 @@ def test_size_one_communicator_makes_no_mpi_call(rng, monkeypatch):
 
 @pytest.mark.parametrize("which", COMMS)
 @pytest.mark.parametrize("order", ["in-order", "reversed"])
-def test_two_transposes_in_flight_complete_in_either_order(grid, which, rng, order):
-    """Two exchanges on one operator and one on another are in flight at once; every result is exact."""
+@pytest.mark.parametrize("shared", [False, True], ids=["own-pools", "one-pool"])
+def test_two_transposes_in_flight_complete_in_either_order(grid, which, rng, order, shared):
+    """Two exchanges on one operator and one on another are in flight at once; every result is exact (also
+    when the two operators take their buffers from one pool: each exchange in flight has a set of its own)."""
     comm = _comm(grid, which)
     p, r = comm.Get_size(), comm.Get_rank()
     g1, g2 = rng.standard_normal((7, 6, 11)), rng.standard_normal((7, 6, 11)) + 1j
-    op = Transpose(comm, axes=(0, -1), extents=(7, 11))
-    other = Transpose(comm, axes=(1, 0), extents=(6, 7))
+    pool = BufferPool() if shared else None
+    op = Transpose(comm, axes=(0, -1), extents=(7, 11), pool=pool)
+    other = Transpose(comm, axes=(1, 0), extents=(6, 7), pool=pool)
     x1, x2 = chunk(g1, -1, p, r), chunk(g2.real.copy(), -1, p, r)
     x3 = chunk(g1, 0, p, r)
     first = op.start_forward(x1)
@@ -555,6 +558,24 @@ def test_two_transposes_in_flight_complete_in_either_order(grid, which, rng, ord
     assert back.test() in (True, False)
     numpy.testing.assert_array_equal(back.wait(), x1)
     numpy.testing.assert_array_equal(op.forward(x1), results[id(first)])  # blocking calls still fine
+
+
+@pytest.mark.parametrize("which", COMMS)
+def test_transposes_run_one_after_another_share_one_buffer_set(grid, which, rng):
+    """Real and complex, packed sends and packed receives: one set of buffers serves them all, results exact."""
+    comm = _comm(grid, which)
+    p, r = comm.Get_size(), comm.Get_rank()
+    pool = BufferPool()
+    there = Transpose(comm, axes=(0, 2), extents=(5, 9), pool=pool)     # receives packed
+    back = Transpose(comm, axes=(2, 0), extents=(9, 5), pool=pool)      # sends packed
+    for dtype in (numpy.float32, numpy.complex128, numpy.float64):
+        g = rng.standard_normal((5, 3, 9)).astype(dtype)
+        if dtype == numpy.complex128:
+            g = g + 1j * rng.standard_normal(g.shape)
+        y = there.forward(chunk(g, 2, p, r))
+        numpy.testing.assert_array_equal(y, chunk(g, 0, p, r))
+        numpy.testing.assert_array_equal(back.forward(y), chunk(g, 2, p, r))
+    assert len(pool._free) == (1 if p > 1 else 0)   # (one rank: a local copy, no buffers)
 
 
 def test_an_exchange_dropped_without_wait_is_an_error_at_the_next_call(grid, rng):

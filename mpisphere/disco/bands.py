@@ -39,6 +39,7 @@ class BandTable:
     table: numpy.ndarray
     start: numpy.ndarray
     _device: dict = dataclasses.field(default_factory=dict)
+    _blocks: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         self.pieces = _pieces(self.start)
@@ -50,6 +51,26 @@ class BandTable:
     @property
     def nbytes(self):
         return self.table.nbytes + self.start.nbytes
+
+    def blocks(self, rows):
+        """The table cut into blocks of at most ``rows`` target rows: ``[(targets, sources, table)]``.
+
+        Block ``table`` writes the target rows ``targets`` (a slice) reading the source rows ``sources``
+        (a slice), its ``start`` counted from ``sources.start``. A block of rows keeps a contraction's
+        working set in the cache; the blocks are made once per ``rows``.
+        """
+        ntargets = self.table.shape[2]
+        if rows >= ntargets:
+            return [(slice(0, ntargets), slice(0, None), self)]
+        if rows not in self._blocks:
+            found = []
+            for t0 in range(0, ntargets, rows):
+                t1 = min(t0 + rows, ntargets)
+                s0 = int(self.start[t0:t1].min())
+                s1 = int(self.start[t0:t1].max()) + self.width
+                found.append((slice(t0, t1), slice(s0, s1), BandTable(self.table[:, :, t0:t1], self.start[t0:t1] - s0)))
+            self._blocks[rows] = found
+        return self._blocks[rows]
 
     def on(self, like):
         """``(table, row indices (J, T))`` where ``like`` lives (copied to a GPU once)."""
@@ -165,16 +186,16 @@ def band_tables(tensor, targets_of, sources_of, target_range, source_first, nsou
 def apply_band(band, k, source, out, scratch):
     """``out[..., t, m] = sum_j table[k, j, t, m] * source[..., start[t] + j, m]`` (overwrites ``out``).
 
-    ``source``: ``(L, S, M)``; ``out`` and ``scratch``: ``(L, T, M)``, complex. The source rows are read
-    as strided views (``_pieces``), so no rows are copied; where the band's starts have no such
-    structure they are gathered.
+    ``source``: ``(..., S, M)``; ``out`` and ``scratch``: ``(..., T, M)`` with the same leading axes,
+    complex (``out`` may be a view). The source rows are read as strided views (``_pieces``), so no rows
+    are copied; where the band's starts have no such structure they are gathered.
     """
     table, rows = band.on(source)
     xp = backend.array_module(source)
     for j in range(band.width):
         weights = table[k, j]
         if band.pieces is None:
-            gathered = xp.take(source, rows[j], axis=1, out=scratch) if xp is numpy else source[:, rows[j], :]
+            gathered = xp.take(source, rows[j], axis=-2, out=scratch) if xp is numpy else source[..., rows[j], :]
             if j == 0:
                 xp.multiply(gathered, weights, out=out)
             else:
@@ -183,11 +204,11 @@ def apply_band(band, k, source, out, scratch):
             continue
         for target, first, step in band.pieces:
             count = len(range(target.start, target.stop, target.step))
-            view = source[:, first + j:first + j + step * (count - 1) + 1:step] if step else \
-                source[:, first + j:first + j + 1]
+            view = source[..., first + j:first + j + step * (count - 1) + 1:step, :] if step else \
+                source[..., first + j:first + j + 1, :]
             if j == 0:
-                xp.multiply(view, weights[target], out=out[:, target])
+                xp.multiply(view, weights[target], out=out[..., target, :])
             else:
-                part = scratch[:, target]
+                part = scratch[..., target, :]
                 xp.multiply(view, weights[target], out=part)
-                out[:, target] += part
+                out[..., target, :] += part

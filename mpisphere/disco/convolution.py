@@ -40,7 +40,7 @@ from ..partition import split_sizes
 from ..quadrature import latitudes
 from ..sht.fourier import FourierStage, resolve_fft
 from ..sht.pipeline import LocalStage, Pipeline
-from ..transpose import Transpose
+from ..transpose import BufferPool, Transpose
 from ..validation import check_dtype, check_int
 from .bands import apply_band, band_tables
 from .bases import filter_basis
@@ -100,6 +100,8 @@ class _DiscoBase(LinearOperator):
     """What the convolution and its transpose share: geometry, tables, halo, pipelines, the call."""
 
     _transposed = False
+    block_bytes = 1 << 20
+    """Host arrays: the bytes of a row block's expansion (sized for the cache; tests make it tiny)."""
 
     def __init__(self, grid, in_shape, out_shape, kernel_shape, weight, *, basis_type="piecewise linear",
                  basis_norm_mode="nodal", groups=1, quadrature_in="equiangular", quadrature_out="equiangular",
@@ -167,6 +169,7 @@ class _DiscoBase(LinearOperator):
         self.fft = resolve_fft(fft)
         self.agree_also = ""
         self._pipelines = backend.BoundedCache(4)
+        self._exchange_buffers = BufferPool()
         self._workspace = backend.Workspace()
 
     # --- the weights -----------------------------------------------------------------------------
@@ -186,14 +189,24 @@ class _DiscoBase(LinearOperator):
         self._weight = numpy.array(host, dtype=self.dtype)
         self.out_channels = host.shape[0]
         self.in_channels = host.shape[1] * self.groups
-        g, og, cg = self.groups, self.out_channels // self.groups, host.shape[1]
-        per_kernel = self._weight.reshape(g, og, cg, -1).transpose(3, 0, 1, 2)    # (K, g, og, cg)
-        self._mixing = (numpy.ascontiguousarray(per_kernel), numpy.ascontiguousarray(per_kernel.swapaxes(-1, -2)))
+        self._weight = numpy.array(host, dtype=self.dtype)
+        self.out_channels = host.shape[0]
+        self.in_channels = host.shape[1] * self.groups
+        g, og, cg, K = self.groups, self.out_channels // self.groups, host.shape[1], self.basis.kernel_size
+        per_kernel = self._weight.reshape(g, og, cg, K).transpose(0, 3, 1, 2)   # (g, K, og, cg)
+        mixing = []
+        for m in (per_kernel, per_kernel.swapaxes(-1, -2)):                     # forward, adjoint: (g, K, b, a)
+            b, a = m.shape[2:]
+            mixing += [numpy.ascontiguousarray(m.transpose(0, 2, 1, 3).reshape(g, b, K * a)),  # flat (g, b, K a)
+                       numpy.ascontiguousarray(m.reshape(g, K * b, a))]                        # stacked (g, K b, a)
+        self._mixing = tuple(mixing)
         self._weight_text = describe_parameter(self._weight)
         self._device_weights = {}
 
-    def _mixers(self, like):
-        return backend.on_device_of(like, self._mixing, self._device_weights)
+    def _mixers(self, like, direction):
+        """``(flat, stacked)``: ``direction``'s weights (a -> b channels) as ``(g, b, K a)`` and ``(g, K b, a)``."""
+        mixing = backend.on_device_of(like, self._mixing, self._device_weights)
+        return mixing[:2] if direction == FORWARD else mixing[2:]
 
     # --- shapes and checks -----------------------------------------------------------------------
 
@@ -222,23 +235,23 @@ class _DiscoBase(LinearOperator):
     def _pipeline_pair(self, batch, device):
         """The stages before and after the contraction for ``batch`` fields (built once per batch)."""
         def build():
-            g, layout = self.grid, self.domain
+            g, layout, pool = self.grid, self.domain, self._exchange_buffers
             items_in, items_out = self._items(batch * self.in_channels), self._items(batch * self.out_channels)
             nlon_in, nlon_out = self.in_shape[1], self.out_shape[1]
-            front = [Transpose(g.azimuth, axes=(0, 2), extents=(items_in, nlon_in))]
+            front = [Transpose(g.azimuth, axes=(0, 2), extents=(items_in, nlon_in), pool=pool)]
             if self._transposed and self.stride > 1:
                 front.append(LongitudeStride(self.nfft, self.stride, layout).H)
             front += [FourierStage(self.nfft, self.dtype, False, layout, self.fft),
-                      Transpose(g.azimuth, axes=(2, 0), extents=(self.half, items_in))]
-            back = [Transpose(g.azimuth, axes=(0, 2), extents=(items_out, self.half)),
+                      Transpose(g.azimuth, axes=(2, 0), extents=(self.half, items_in), pool=pool)]
+            back = [Transpose(g.azimuth, axes=(0, 2), extents=(items_out, self.half), pool=pool),
                     FourierStage(self.nfft, self.dtype, True, layout, self.fft)]
             if not self._transposed and self.stride > 1:
                 back.append(LongitudeStride(self.nfft, self.stride, layout))
-            back.append(Transpose(g.azimuth, axes=(2, 0), extents=(nlon_out, items_out)))
+            back.append(Transpose(g.azimuth, axes=(2, 0), extents=(nlon_out, items_out), pool=pool))
             spec_front = Spec((items_in, self.source_rows, self.tile_in[1]), self.dtype, device)
             spec_back = Spec((items_out, self.tile_out[0], len(self.orders)), self.cdtype, device)
             # the two run one after the other, never at once: they take turns in the grid's pipeline buffers,
-            # which the transforms on the grid share too
+            # which the transforms on the grid share too, and their four transposes in one buffer set
             return Pipeline(front, spec_front, self.grid.scratch), Pipeline(back, spec_back, self.grid.scratch)
         return self._pipelines.get((batch, device), build)
 
@@ -311,53 +324,69 @@ class _DiscoBase(LinearOperator):
         back.run(direction, widened, result, context)
         target[...] = result[:n]
 
-    def _real(self, a, batch, channels):
-        """A complex ``(B c, rows, M_a)`` array as real ``(B, g, c / g, 2 rows M_a)`` (a view)."""
-        return a.view(self.dtype).reshape(batch, self.groups, channels // self.groups, -1)
+    def _split(self, a, batch, channels):
+        """A ``(B c, rows, M)`` array as ``(B, g, c / g, rows, M)`` (a view)."""
+        return a.reshape((batch, self.groups, channels // self.groups) + a.shape[1:])
 
-    def _band(self, which, k, source, rows, name):
-        """One basis function's band contraction of ``source`` onto ``rows`` rows (a workspace buffer)."""
-        shape = (source.shape[0], rows, source.shape[2])
-        out = self._buffer(name, source, shape, self.cdtype)
-        scratch = self._buffer("band scratch", source, shape, self.cdtype)
-        apply_band(which, k, source, out, scratch)
-        return out
+    def _flat_real(self, a):
+        """A complex ``(..., rows, M)`` array as real ``(..., 2 rows M)`` (a view where the layout allows)."""
+        return a.view(self.dtype).reshape(a.shape[:-2] + (-1,))
+
+    def _blocks(self, band, like, row_bytes):
+        """``band``'s blocks of target rows, as many as keep ``row_bytes`` a target row near ``block_bytes``.
+
+        Host arrays: the block's expansion and products stay in the cache, so the contraction's passes
+        over the spectrum cost one trip through memory. Device kernels: one block per basis function
+        whatever the size (the operations issued do not grow with rows; the expansion of all basis
+        functions together is then about one spectrum's size).
+        """
+        ntargets = band.table.shape[2]
+        if backend.device_kernels(like):
+            return band.blocks(-(-ntargets // self.basis.kernel_size))
+        return band.blocks(max(1, self.block_bytes // max(row_bytes, 1)))
+
+    def _expand(self, band, sub, source, expanded):
+        """``expanded[:, :, k] = `` the band of basis function ``k`` applied to ``source`` (each ``k``)."""
+        scratch = self._buffer("band scratch", source, expanded[:, :, 0].shape, self.cdtype)
+        for k in range(self.basis.kernel_size):
+            apply_band(sub, k, source, expanded[:, :, k], scratch)
 
     def _contract(self, direction, source, target, batch):
         """The contraction stage: ``target`` = the contraction (``direction``) of ``source``.
 
-        The band of each basis function acts on rows and orders alike for every channel, so it commutes with
-        the weights' mixing of channels: it runs on the side with fewer channels.
+        ``y = sum_k W_k B_k x``: the band ``B_k`` of each basis function acts on rows and orders alike
+        for every channel, so it commutes with the weights' mixing of channels and runs on the side with
+        fewer channels. Row block by row block (``_blocks``), all basis functions of a block at once: the
+        mixing is then one product with ``K`` times the channels.
         """
         xp = backend.array_module(source)
-        mixing, mixing_t = self._mixers(source)
+        flat, stacked = self._mixers(source, direction)
         band = self.bands[0] if direction == FORWARD else self.bands[1]
-        rows_out = target.shape[1]
-        channels_in, channels_out = (self.in_channels, self.out_channels) if direction == FORWARD else \
-            (self.out_channels, self.in_channels)
-        mix = mixing if direction == FORWARD else mixing_t
-        target_real = self._real(target, batch, channels_out)
-        for k in range(self.basis.kernel_size):
-            if channels_in <= channels_out:   # band, then mix
-                expanded = self._band(band, k, source, rows_out, "expanded")
-                self._mix_into(xp, mix[k], self._real(expanded, batch, channels_in), target_real, k > 0)
-            else:                             # mix, then band
-                mixed = self._buffer("mixed", source, (batch * channels_out,) + source.shape[1:], self.cdtype)
-                xp.matmul(mix[k], self._real(source, batch, channels_in), out=self._real(mixed, batch, channels_out))
-                expanded = self._band(band, k, mixed, rows_out, "expanded")
-                if k == 0:
-                    target[...] = expanded
-                else:
-                    target += expanded
-
-    def _mix_into(self, xp, weights, source, target, accumulate):
-        """``target (+)= weights @ source``: ``(g, a, b)`` on ``(B, g, b, Z)`` into ``(B, g, a, Z)``."""
-        if not accumulate:
-            xp.matmul(weights, source, out=target)
-            return
-        product = self._buffer("product", target, target.shape, target.dtype)
-        xp.matmul(weights, source, out=product)
-        target += product
+        a, b = (self.in_channels, self.out_channels) if direction == FORWARD else (self.out_channels,
+                                                                                  self.in_channels)
+        g, K, m = self.groups, self.basis.kernel_size, source.shape[2]
+        src, tgt = self._split(source, batch, a), self._split(target, batch, b)
+        csize = numpy.dtype(self.cdtype).itemsize
+        for rows, sources, sub in self._blocks(band, source, batch * min(a, b) * K * m * csize):
+            count = len(range(*rows.indices(tgt.shape[3])))
+            block = self._buffer("block", source, (batch, g, b // g, count, m), self.cdtype)
+            if a <= b:        # band, then mix
+                expanded = self._buffer("expanded", source, (batch, g, K, a // g, count, m), self.cdtype)
+                self._expand(band, sub, src[..., sources, :], expanded)
+                xp.matmul(flat, self._flat_real(expanded.reshape(batch, g, K * (a // g), count, m)),
+                          out=self._flat_real(block))
+            else:             # mix, then band
+                part = src[..., sources, :]
+                mixed = self._buffer("mixed", source, (batch, g, K, b // g) + part.shape[-2:], self.cdtype)
+                xp.matmul(stacked, self._flat_real(part),
+                          out=self._flat_real(mixed.reshape((batch, g, K * (b // g)) + part.shape[-2:])))
+                scratch = self._buffer("band scratch", source, block.shape, self.cdtype)
+                term = self._buffer("term", source, block.shape, self.cdtype)
+                for k in range(K):
+                    apply_band(sub, k, mixed[:, :, k], block if k == 0 else term, scratch)
+                    if k:
+                        block += term
+            tgt[..., rows, :] = block
 
     def _run(self, direction, x, out, context):
         side_in, side_out = self._sides() if direction == FORWARD else self._sides()[::-1]
@@ -434,29 +463,13 @@ class _DiscoBase(LinearOperator):
         spectrum_in, spectrum_out = self._spectra(x, batch)
         self._front(xb, batch, spectrum_in, context)
         self._back(ADJOINT, yb, spectrum_out, batch, context)
+        grad = self._gradient_pass(spectrum_in, spectrum_out, batch, input_gradient)
         g, K = self.groups, self.basis.kernel_size
         og, cg = self.out_channels // g, self.in_channels // g
-        grad = numpy.zeros((g, og, cg, K), dtype=numpy.float64)
-
-        # the band commutes with the channel mixing: y = sum_k W_k B_k x, so with U_k = B_k^H y_bar the
-        # weights' gradient is <U_k, x> and the input's sum_k W_k^T U_k (one band per basis function for both)
-        _, mixing_t = self._mixers(x)
-        x_spectrum = self._real(spectrum_in, batch, self.in_channels)
-        x_bar_spectrum = None
-        if input_gradient:
-            x_bar_spectrum = self._buffer("input cotangent", x, spectrum_in.shape, self.cdtype)
-        for k in range(K):
-            expanded = self._band(self.bands[1], k, spectrum_out, self.source_rows, "expanded")
-            u = self._real(expanded, batch, self.out_channels)
-            # sum over the batch of (g, og, Z) @ (g, Z, cg): one batched product, no copies
-            found = xp.matmul(u, x_spectrum.swapaxes(-1, -2)).sum(axis=0)
-            grad[..., k] = backend.to_host(found)
-            if input_gradient:
-                self._mix_into(xp, mixing_t[k], u, self._real(x_bar_spectrum, batch, self.in_channels), k > 0)
         x_bar = None
         if input_gradient:
             x_bar = xp.empty(tuple(lead) + (self.in_channels,) + self.tile_in, dtype=self.dtype)
-            self._front_adjoint(x_bar_spectrum, batch, x_bar.reshape(xb.shape), context)
+            self._front_adjoint(spectrum_in, batch, x_bar.reshape(xb.shape), context)
         # one sum over the grid for the weights and the bias
         parts = [grad.reshape(-1)]
         if bias_gradient:
@@ -465,10 +478,42 @@ class _DiscoBase(LinearOperator):
         flat = numpy.concatenate(parts)
         total = numpy.empty_like(flat)
         collectives.allreduce(self.grid.cart, flat, total)
-        weight_bar = total[:grad.size].reshape(self.out_channels, cg, K).astype(self.dtype)
+        weight_bar = total[:grad.size].reshape(g, K, og, cg).transpose(0, 2, 3, 1).reshape(
+            self.out_channels, cg, K).astype(self.dtype)
         if bias_gradient:
             return x_bar, weight_bar, total[grad.size:].astype(self.dtype)
         return x_bar, weight_bar
+
+    def _gradient_pass(self, spectrum_in, spectrum_out, batch, input_gradient):
+        """The weights' gradient ``(g, K, og, cg)`` (float64, this rank's part) and, with ``input_gradient``,
+        the input's cotangent spectrum written over ``spectrum_in``.
+
+        ``y = sum_k W_k B_k x``: with ``U_k = B_k^H y_bar`` the weights' gradient is ``<U_k, x>`` and the
+        input's ``sum_k W_k^T U_k`` (one band per basis function serves both). Block by block of the
+        input's rows; a block's input rows are read for the gradient before its cotangent replaces them.
+        """
+        xp = backend.array_module(spectrum_in)
+        flat, _ = self._mixers(spectrum_in, ADJOINT)
+        g, K, m = self.groups, self.basis.kernel_size, spectrum_in.shape[2]
+        og, cg = self.out_channels // g, self.in_channels // g
+        x = self._split(spectrum_in, batch, self.in_channels)
+        y_bar = self._split(spectrum_out, batch, self.out_channels)
+        grad = numpy.zeros((g, K * og, cg), dtype=numpy.float64)
+        csize = numpy.dtype(self.cdtype).itemsize
+        for rows, sources, sub in self._blocks(self.bands[1], spectrum_in, batch * self.out_channels * K * m * csize):
+            count = len(range(*rows.indices(x.shape[3])))
+            expanded = self._buffer("expanded", spectrum_in, (batch, g, K, og, count, m), self.cdtype)
+            self._expand(self.bands[1], sub, y_bar[..., sources, :], expanded)
+            u = self._flat_real(expanded.reshape(batch, g, K * og, count, m))
+            block = self._buffer("block", spectrum_in, (batch, g, cg, count, m), self.cdtype)
+            block[...] = x[..., rows, :]
+            # (B, g, K og, Z) @ (B, g, Z, cg), summed over the batch
+            grad += backend.to_host(xp.matmul(u, self._flat_real(block).swapaxes(-1, -2)).sum(axis=0))
+            if input_gradient:
+                xp.matmul(flat, u, out=self._flat_real(block))
+                x[..., rows, :] = block
+        return grad.reshape(g, K, og, cg)
+
 
     def weight_gradient(self, x, y_bar):
         """The whole-sphere gradient of ``<y_bar, forward(x)>`` with respect to the weights (see ``gradients``)."""
