@@ -2,7 +2,7 @@
 
     mpiexec -n 1 python scripts/bench_disco.py --grids 1x1
     mpiexec -n 2 python scripts/bench_disco.py --grids 1x2,2x1
-    mpiexec -n 2 python scripts/bench_disco.py --grids 2x1 --library mpisphere --memory --nlat 361
+    mpiexec -n 2 python scripts/bench_disco.py --grids 2x1 --library mpisphere --dtypes float32 --memory --nlat 361
 
 Both layers on the same tiles: ``--nlat`` x ``2 (nlat - 1)`` equiangular
 (default 181 x 360), ``--channels`` in and out (8), kernel ``(3,)``
@@ -13,7 +13,7 @@ forward and the backward (input and weight gradients): mpisphere's
 CPU path) ``y = conv(x); y.backward(y_bar)``. The two are timed in
 alternation round by round; the ratio is the median of per-round ratios.
 
-``--memory`` measures one library per launch (``--library``): the growth of
+``--memory`` measures one library, dtype and grid per launch: the growth of
 the process's peak resident memory (``ru_maxrss``) from before the layer is
 built to after ``--repeats`` steps, on each rank (the largest is printed),
 beside the sizes of this rank's input and output tiles and of the filter's
@@ -129,6 +129,9 @@ def main():
     args = parser.parse_args()
     world = MPI.COMM_WORLD
     libraries = args.library.split(",")
+    if args.memory and (len(libraries) > 1 or "," in args.dtypes or len(grid_shapes(args.grids, world.size)) > 1):
+        # the peak resident memory only grows: a second case in the same process would read the first's peak
+        parser.error("--memory measures one library, one dtype and one grid per launch")
     if "torch-harmonics" in libraries:
         import torch
         torch.set_num_threads(args.torch_threads)

@@ -195,6 +195,20 @@ def test_a_stage_consumes_only_the_pipelines_own_buffers():
     assert forward == ["run", "consume"]  # the caller's x is never overwritten
 
 
+def test_a_caller_that_gives_its_input_away_lets_the_first_stage_consume_it():
+    log = []
+    stages = [Dummy(4, scale=2.0, consumes=True, log=log), Dummy(4, scale=3.0, consumes=True, log=log)]
+    pipeline = check_both_directions(stages)
+    x = numpy.arange(12.0).reshape(3, 4)
+    out = numpy.empty((3, 4))
+    log.clear()
+    pipeline.run(FORWARD, x.copy(), out, None, consume=True)
+    assert [entry[2] for entry in log] == ["consume", "consume"]
+    numpy.testing.assert_array_equal(out, 6.0 * x)
+    pipeline.run(FORWARD, x, out, None)   # the plan without consume is its own
+    assert [entry[2] for entry in log[2:]] == ["run", "consume"]
+
+
 def test_the_planner_knows_stages_only_by_their_abilities():
     """No isinstance, getattr or hasattr in the pipeline module: a new stage declares, the planner follows."""
     source = Path(__file__).resolve().parent.parent / "mpisphere" / "sht" / "pipeline.py"

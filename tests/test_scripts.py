@@ -7,6 +7,7 @@ Nothing is timed.
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -82,12 +83,20 @@ def test_fourdvar_lowers_the_error(tmp_path, method):
     ("bench_reduced.py", ["--n", "8", "--fields", "2", "--repeats", "1", "--warmup", "0"]),
     ("bench_disco.py", ["--nlat", "17", "--channels", "2", "--batch", "1", "--repeats", "1", "--warmup", "0",
                         "--library", "mpisphere"]),
-    ("bench_disco.py", ["--nlat", "17", "--channels", "2", "--batch", "1", "--repeats", "1", "--library",
-                        "mpisphere", "--memory", "--dtypes", "float32"]),
 ])
 def test_benchmarks_run(tmp_path, script, args):
     out = launch(2, script, *args, cwd=tmp_path)
     assert "1x2" in out and "2x1" in out
+
+
+def test_the_disco_memory_benchmark_measures_one_case_per_launch(tmp_path):
+    small = ["--nlat", "17", "--channels", "2", "--batch", "1", "--repeats", "1", "--library", "mpisphere",
+             "--memory", "--dtypes", "float32"]
+    out = launch(2, "bench_disco.py", *small, "--grids", "2x1", cwd=tmp_path)
+    assert re.search(r"2x1 float32 mpisphere: peak memory grew \d+ MB per rank", out), out
+    # a second grid in the same process would read the first one's peak: refused
+    with pytest.raises(AssertionError, match="one library, one dtype and one grid per launch"):
+        launch(2, "bench_disco.py", *small, cwd=tmp_path)
 
 
 def test_io_benchmark_reads_back_what_it_wrote(tmp_path):

@@ -298,11 +298,12 @@ class _DiscoBase(LinearOperator):
             source[:n] = spectrum
             source[n:] = 0
             spectrum = source
+        # the spectrum is this operator's scratch: the FFT's adjoint may scale it in place
         if self.halo is None and items == n:
-            front.run(ADJOINT, spectrum, out, context)
+            front.run(ADJOINT, spectrum, out, context, consume=True)
             return
         padded = self._buffer("padded", out, (items, self.source_rows, out.shape[2]), self.dtype)
-        front.run(ADJOINT, spectrum, padded, context)
+        front.run(ADJOINT, spectrum, padded, context, consume=True)
         if self.halo is not None:
             self.halo._run(ADJOINT, padded[:n], out, context)
         else:

@@ -198,13 +198,17 @@ class Pipeline:
             span = max(span, step * size)
         return span <= self._slot_bytes
 
-    def plan(self, direction):
-        """The compiled steps for ``direction`` (``FORWARD`` or ``ADJOINT``), in running order."""
-        if direction not in self._plans:
-            self._plans[direction] = self._compile(direction)
-        return self._plans[direction]
+    def plan(self, direction, consume=False):
+        """The compiled steps for ``direction`` (``FORWARD`` or ``ADJOINT``), in running order.
 
-    def _compile(self, direction):
+        ``consume``: the steps for an input the pipeline may overwrite (see :meth:`run`).
+        """
+        key = (direction, bool(consume))
+        if key not in self._plans:
+            self._plans[key] = self._compile(direction, bool(consume))
+        return self._plans[key]
+
+    def _compile(self, direction, consume):
         n = len(self.stages)
         indices = range(n) if direction == FORWARD else range(n - 1, -1, -1)
 
@@ -238,6 +242,7 @@ class Pipeline:
         steps = []
         held = _Held(None, tuple(self.specs[0 if direction == FORWARD else n].shape), (), 0)
         nonzero = None
+        input_owned = consume   # until the first stage that runs has read the caller's input
         i = 0
         while i < len(actions):
             k, action = actions[i]
@@ -252,8 +257,8 @@ class Pipeline:
                 nonzero = abilities[k].kept
             else:
                 following_slot = 0 if held.slot is None else 1 - held.slot
-                run = self._runner(k, direction, abilities[k], held, nonzero)
-                nonzero = None
+                run = self._runner(k, direction, abilities[k], held, nonzero, input_owned)
+                nonzero, input_owned = None, False
                 j = i + 1
                 while j < len(actions) and actions[j][1] == "skip":
                     j += 1
@@ -286,9 +291,10 @@ class Pipeline:
         return tuple(dataclasses.replace(step, start=abilities[step.stage].start)
                       if step.action == "run" and abilities[step.stage].start is not None else step for step in steps)
 
-    def _runner(self, k, direction, abilities, held, nonzero):
-        """The callable a run step calls: ``consume`` when the input is a buffer of the pipeline's own."""
-        if held.slot is not None and abilities.consume is not None:
+    def _runner(self, k, direction, abilities, held, nonzero, input_owned=False):
+        """The callable a run step calls: ``consume`` when the input is a buffer of the pipeline's own
+        (or the caller's, given to be overwritten)."""
+        if (held.slot is not None or input_owned) and abilities.consume is not None:
             consume = abilities.consume
             return lambda x, out, context: consume(x, out, context, nonzero)
         stage = self.stages[k]
@@ -310,9 +316,13 @@ class Pipeline:
         """Bytes of the buffers held now in this pipeline's workspace (shared with others on the grid)."""
         return self._workspace.nbytes()
 
-    def run(self, direction, x, out, context):
-        """Apply the pipeline (``FORWARD``) or its adjoint (``ADJOINT``) to ``x``, writing ``out``."""
-        for _ in self._execute(direction, x, out, context, interleaved=False):
+    def run(self, direction, x, out, context, consume=False):
+        """Apply the pipeline (``FORWARD``) or its adjoint (``ADJOINT``) to ``x``, writing ``out``.
+
+        ``consume``: ``x`` is the caller's scratch and may be overwritten (a
+        stage that can work in its input then saves a copy).
+        """
+        for _ in self._execute(direction, x, out, context, interleaved=False, consume=consume):
             pass
         return out
 
@@ -334,10 +344,10 @@ class Pipeline:
                 if next(run, StopIteration) is StopIteration:
                     active.remove(run)
 
-    def _execute(self, direction, x, out, context, interleaved):
+    def _execute(self, direction, x, out, context, interleaved, consume=False):
         """The steps of :meth:`run`; ``interleaved``: start each exchange, yield, then wait for it."""
         current = x
-        for step in self.plan(direction):
+        for step in self.plan(direction, consume):
             if step.action == "view":
                 current = step.view(current)
             elif step.action == "run":
