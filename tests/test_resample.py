@@ -5,7 +5,7 @@ import math
 import numpy
 import pytest
 
-from mpisphere import ResampleS2, dottest
+from mpisphere import ResampleS2, config, dottest
 from mpisphere.quadrature import latitudes
 
 from helpers import raises
@@ -52,13 +52,23 @@ def reference(x, in_shape, out_shape, quadratures):
 
 
 @pytest.mark.parametrize("case", CASES, ids=["finer", "coarser", "gauss-poles", "same-shape"])
-def test_matches_the_serial_rule_and_its_adjoint(grid, case, rng):
+@pytest.mark.parametrize("blocks", ["whole", "lines", "device"])
+def test_matches_the_serial_rule_and_its_adjoint(grid, case, blocks, rng):
+    """``blocks``: the stencils' strided views on the whole array (small grids), a line at a time (what
+    large grids do, cache-sized), or the device kernels' gathers (taken here on host arrays)."""
     in_shape, out_shape, quadratures = case
     try:
         op = ResampleS2(grid, in_shape, out_shape, *quadratures)
     except ValueError as exc:   # a split too fine for the grids: refused on every rank, naming why
         assert "use fewer" in str(exc) and grid.size >= 4
         return
+    if blocks == "lines":
+        op._rows.block_bytes = op._cols.block_bytes = 1
+    with config.override(device_kernels=blocks == "device"):
+        check_against_the_serial_rule(grid, op, in_shape, out_shape, quadratures, rng)
+
+
+def check_against_the_serial_rule(grid, op, in_shape, out_shape, quadratures, rng):
     x = rng.standard_normal((3,) + in_shape)
     y = grid.gather(op.forward(grid.scatter(x)))
     if grid.rank == 0:

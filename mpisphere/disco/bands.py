@@ -19,6 +19,7 @@ import dataclasses
 import numpy
 
 from .. import backend
+from ..strided import strided_pieces
 
 __all__ = ["BandTable", "band_tables", "apply_band"]
 
@@ -42,7 +43,7 @@ class BandTable:
     _blocks: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
-        self.pieces = _pieces(self.start)
+        self.pieces = strided_pieces(self.start)
 
     @property
     def width(self):
@@ -77,43 +78,6 @@ class BandTable:
         if "rows" not in self._device:
             self._device["rows"] = self.start[None, :] + numpy.arange(self.width)[:, None]
         return backend.on_device_of(like, (self.table, self._device["rows"]), self._device)
-
-
-def _runs(start, rows):
-    """``[(t0, t1, first, step)]``: the target rows ``rows[t0:t1]`` read ``first + step * i``, arithmetic runs."""
-    runs, i, n = [], 0, len(rows)
-    while i < n:
-        step = int(start[rows[i + 1]] - start[rows[i]]) if i + 1 < n else 0
-        k = i + 1
-        while k < n and start[rows[k]] - start[rows[k - 1]] == step and step >= 0:
-            k += 1
-        if step < 0:
-            step, k = 0, i + 1
-        runs.append((i, k, int(start[rows[i]]), step))
-        i = k
-    return runs
-
-
-def _pieces(start, most=6):
-    """How a band's rows are read as strided views: ``[(target slice, first source row, source step)]``.
-
-    The targets are split into ``q`` interleaved classes (``t = r, r + q, ...``; ``q`` up to 4: a grid
-    twice as fine reads each source row twice) and each class into runs whose first rows grow by a
-    fixed step; a handful of views then covers every row, whatever the resolution. ``None`` when no
-    ``q`` gives at most ``most`` views per class (the rows are then gathered).
-    """
-    n = len(start)
-    for q in range(1, 5):
-        pieces = []
-        for r in range(min(q, n)):
-            rows = numpy.arange(r, n, q)
-            runs = _runs(start, rows)
-            if len(runs) > most:
-                break
-            pieces += [(slice(r + q * t0, r + q * (t1 - 1) + 1, q), first, step) for t0, t1, first, step in runs]
-        else:
-            return pieces
-    return None
 
 
 def _one_side(targets, sources, kernel, cols, values, kernel_size, ntargets, nsources, nfft, orders, conjugate,
@@ -187,7 +151,7 @@ def apply_band(band, k, source, out, scratch):
     """``out[..., t, m] = sum_j table[k, j, t, m] * source[..., start[t] + j, m]`` (overwrites ``out``).
 
     ``source``: ``(..., S, M)``; ``out`` and ``scratch``: ``(..., T, M)`` with the same leading axes,
-    complex (``out`` may be a view). The source rows are read as strided views (``_pieces``), so no rows
+    complex (``out`` may be a view). The source rows are read as strided views (``strided_pieces``), so no rows
     are copied; where the band's starts have no such structure they are gathered.
     """
     table, rows = band.on(source)
