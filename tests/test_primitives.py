@@ -566,10 +566,10 @@ def test_transposes_run_one_after_another_share_one_buffer_set(grid, which, rng)
     comm = _comm(grid, which)
     p, r = comm.Get_size(), comm.Get_rank()
     pool = BufferPool()
-    there = Transpose(comm, axes=(0, 2), extents=(5, 9), pool=pool)     # receives packed
-    back = Transpose(comm, axes=(2, 0), extents=(9, 5), pool=pool)      # sends packed
+    there = Transpose(comm, axes=(0, 2), extents=(7, 13), pool=pool)    # receives packed
+    back = Transpose(comm, axes=(2, 0), extents=(13, 7), pool=pool)     # sends packed
     for dtype in (numpy.float32, numpy.complex128, numpy.float64):
-        g = rng.standard_normal((5, 3, 9)).astype(dtype)
+        g = rng.standard_normal((7, 3, 13)).astype(dtype)
         if dtype == numpy.complex128:
             g = g + 1j * rng.standard_normal(g.shape)
         y = there.forward(chunk(g, 2, p, r))
