@@ -26,8 +26,8 @@ __all__ = ["Transpose", "Exchange", "BufferPool"]
 class BufferPool:
     """Where exchanges take their buffer sets: one set per exchange in flight, given back when it ends.
 
-    Each set is a :class:`~mpisphere.backend.Workspace` whose buffers are raw
-    bytes viewed as the dtype of the moment, so one set serves transposes of
+    Each set is a workspace (``mpisphere.backend.Workspace``) whose buffers
+    are raw bytes viewed as the dtype of the moment, so one set serves transposes of
     several shapes and dtypes. Transposes that never run at the same time
     (the stages of one operator's pipelines) may share a pool: they then hold
     one set between them, each buffer as large as the largest they need,
