@@ -18,7 +18,7 @@ import numpy
 from ..partition import split_sizes
 from ..validation import check_choice, check_int
 from .orders import order_assignment
-from .strategies import NAMES, strategy
+from .strategies import NAMES, STRATEGIES, strategy
 from .strategies.base import row_entries, triangle_entries
 
 __all__ = ["table_entries", "row_table_entries", "RankCost", "sht_costs", "LEGENDRE_STRATEGIES",
@@ -60,36 +60,44 @@ def default_table_budget():
     return memory // (2 * max(os.cpu_count() or 1, 1))
 
 
-def choose_legendre(nlat, lmax, mmax, npolar, nazimuth, *, vector=False, dtype=numpy.float64, orders="contiguous",
-                    budget=None, table_free=True):
-    """The strategy whose tables ``legendre="auto"`` builds: ``(strategy, why)``, by memory.
+def _megabytes(nbytes):
+    return f"{nbytes / 1e6:.1f} MB"
 
-    ``"transpose"`` whenever its tables fit ``budget`` (the fastest for many
-    fields, and on a GPU); else ``"reduce-scatter"`` if its tables (which
-    shrink with every polar rank) fit; else ``"table-free"`` (ducc0
-    installed), else ``"reduce-scatter"``. Per batch, ``auto`` may still run
-    a batch with ``"table-free"`` (:func:`choose_for_batch`).
+
+def choose_legendre(nlat, lmax, mmax, npolar, nazimuth, *, vector=False, dtype=numpy.float64, orders="contiguous",
+                    budget=None):
+    """The strategy whose tables ``legendre="auto"`` builds: ``(record, why)``, by memory.
+
+    The first strategy of the registry (:data:`~mpisphere.sht.strategies.STRATEGIES`, in the order ``auto``
+    prefers them) that can run here and whose largest table on a rank fits ``budget``; where none does, the
+    one with the smallest tables. With the registry as it stands: the transpose whenever its tables fit (the
+    fastest for many fields, and on a GPU), else the reduce-scatter if its own-latitude tables (which shrink
+    with every polar rank) fit, else the table-free one (ducc0 installed). Per batch, ``auto`` may still run
+    a batch with a strategy that holds no tables (:func:`choose_for_batch`).
     """
     budget = default_table_budget() if budget is None else budget
     options = dict(vector=vector, dtype=dtype, orders=orders)
-    transpose = legendre_table_bytes("transpose", nlat, lmax, mmax, npolar, nazimuth, **options)
-    if transpose <= budget:
-        return "transpose", f"transpose tables of {transpose / 1e6:.1f} MB per rank fit {budget / 1e6:.0f} MB"
-    rows = legendre_table_bytes("reduce-scatter", nlat, lmax, mmax, npolar, nazimuth, **options)
-    if npolar > 1 and rows <= budget:
-        return "reduce-scatter", (f"transpose tables of {transpose / 1e6:.1f} MB exceed {budget / 1e6:.0f} MB; "
-                                  f"own-latitude tables of {rows / 1e6:.1f} MB fit")
-    if table_free:
-        return "table-free", f"tables of {min(transpose, rows) / 1e6:.1f} MB or more exceed {budget / 1e6:.0f} MB"
-    return "reduce-scatter", f"no strategy's tables fit {budget / 1e6:.0f} MB; the smallest tables"
+    too_big = []
+    for record in STRATEGIES:
+        if not record.available()[0]:
+            continue
+        size = record.table_bytes(nlat, lmax, mmax, npolar, nazimuth, **options)
+        if size <= budget:
+            found = f"{record.name} tables of {_megabytes(size)} per rank fit {budget / 1e6:.0f} MB" \
+                if record.holds_tables else f"{record.name} holds no tables"
+            return record, "; ".join([f"{r.name} tables of {_megabytes(n)} exceed {budget / 1e6:.0f} MB"
+                                      for r, n in too_big] + [found])
+        too_big.append((record, size))
+    record, size = min(too_big, key=lambda pair: pair[1])   # the first of the smallest
+    return record, f"no strategy's tables fit {budget / 1e6:.0f} MB; the smallest tables ({record.name}, " \
+                   f"{_megabytes(size)})"
 
 
-def resolve_legendre(legendre, budget, nlat, lmax, mmax, npolar, nazimuth, *, vector, dtype, orders, table_free,
-                     who):
-    """A transform's ``legendre=`` and ``max_table_bytes=`` checked and resolved: ``(strategy, why)``.
+def resolve_legendre(legendre, budget, nlat, lmax, mmax, npolar, nazimuth, *, vector, dtype, orders, who):
+    """A transform's ``legendre=`` and ``max_table_bytes=`` checked and resolved: ``(record, why)``.
 
-    ``table_free``: whether ducc0 can be imported. Raises for a strategy the
-    transform cannot run, naming ``who``.
+    Raises for a strategy that cannot run in this process (``ImportError``, saying what to install) or a
+    budget given with a named strategy, naming ``who``.
     """
     legendre = check_choice(legendre, ("auto",) + LEGENDRE_STRATEGIES, "legendre", who)
     if budget is not None:
@@ -97,45 +105,49 @@ def resolve_legendre(legendre, budget, nlat, lmax, mmax, npolar, nazimuth, *, ve
         if legendre != "auto":
             raise ValueError(f"{who}: max_table_bytes is the budget legendre='auto' chooses by; "
                              f"legendre={legendre!r} does not use it")
-    if legendre == "table-free" and not table_free:
-        raise ImportError(f"{who}: {strategy('table-free').available()[1]}")
-    if legendre != "auto":
-        return legendre, "chosen"
-    return choose_legendre(nlat, lmax, mmax, npolar, nazimuth, vector=vector, dtype=dtype, orders=orders,
-                           budget=budget, table_free=table_free)
+    if legendre == "auto":
+        return choose_legendre(nlat, lmax, mmax, npolar, nazimuth, vector=vector, dtype=dtype, orders=orders,
+                               budget=budget)
+    record = strategy(legendre)
+    runs, why = record.available()
+    if not runs:
+        raise ImportError(f"{who}: {why}")
+    return record, "chosen"
 
 
-def batch_candidates(held, device=False, table_free=True):
-    """The strategies ``auto`` may run a batch with: the held tables' and, on the host, the one needing none."""
-    if device or not table_free or held == "table-free":
-        return (held,)
-    return (held, "table-free")
+def batch_candidates(held, device=False):
+    """The strategies ``auto`` may run a batch with: the held tables' (a record) and, for host arrays, those
+    that hold no tables and can run here."""
+    return (held,) + tuple(record for record in STRATEGIES
+                           if record is not held and not record.holds_tables and record.available()[0]
+                           and (record.runs_on_device or not device))
 
 
 def choose_for_batch(held, model, nlat, lmax, mmax, npolar, nazimuth, batch, *, vector=False,
-                     dtype=numpy.float64, orders="contiguous", synthesis=False, device=False, table_free=True):
-    """The strategy ``legendre="auto"`` runs one batch with: ``(strategy, why)``.
+                     dtype=numpy.float64, orders="contiguous", synthesis=False, device=False):
+    """The strategy ``legendre="auto"`` runs one batch with: ``(record, why)``.
 
-    ``held``: the strategy whose tables the transform holds
-    (:func:`choose_legendre`). A batch on the host runs with it or with
-    ``"table-free"`` (which needs no tables), whichever the cost model on
+    ``held``: the record whose tables the transform holds
+    (:func:`choose_legendre`). A batch runs with it or with a strategy that
+    holds no tables (:func:`batch_candidates`), whichever the cost model on
     ``model`` (:class:`~mpisphere.sht.strategies.MachineModel`) gives the
     shorter Legendre step: a table product reads the whole table for a few
     fields' work, while ducc0's recurrence costs the same per field. On a
-    device, ``held`` (ducc0 runs on the host only). ``batch``: the fields
+    device, those whose kernels take device arrays. ``batch``: the fields
     (vector fields count once), padded as the transforms pad them;
     ``synthesis``: an inverse transform's kernels.
     """
-    candidates = batch_candidates(held, device, table_free)
+    candidates = batch_candidates(held, device)
     if len(candidates) == 1:
         return held, "device arrays: the held tables' strategy" if device else "the only candidate"
     options = dict(vector=vector, dtype=dtype, orders=orders, synthesis=synthesis)
-    times = {name: strategy(name).seconds(model, nlat, lmax, mmax, npolar, nazimuth, batch, **options)
-             for name in candidates}
-    best = min(times, key=lambda name: (times[name], NAMES.index(name)))
-    other = next(name for name in times if name != best)
-    return best, (f"{batch} field(s): modelled Legendre step {times[best] * 1e3:.3g} ms with {best} against "
-                  f"{times[other] * 1e3:.3g} ms with {other}")
+    times = {record: record.seconds(model, nlat, lmax, mmax, npolar, nazimuth, batch, **options)
+             for record in candidates}
+    best = min(times, key=lambda record: (times[record], STRATEGIES.index(record)))
+    against = " and ".join(f"{times[r] * 1e3:.3g} ms with {r.name}" for r in candidates if r is not best)
+    return best, f"{batch} field(s): modelled Legendre step {times[best] * 1e3:.3g} ms with {best.name} against " \
+                 f"{against}"
+
 
 
 class RankCost(collections.namedtuple(

@@ -93,7 +93,7 @@ class _OnRings(Transform):
 
     def _build_pipeline(self, batch, workspace, record):
         g = self.grid
-        tables = self.tables if record.name == self.legendre else None
+        tables = self.tables if record is self.strategy else None
         legendre = record.stage(self._legendre_request(), tables)
         fourier = RingFourier(self.tiles, batch, self._components, self.mmax, self.dtype, self._synthesis,
                               self._layout, self.fft)

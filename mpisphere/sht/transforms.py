@@ -70,9 +70,8 @@ from . import costs
 from .fourier import FourierStage, Truncation, resolve_fft
 from .pipeline import Pipeline
 from .orders import ORDER_LAYOUTS, order_assignment, order_permutation
-from .strategies import MachineModel, strategy
+from .strategies import MachineModel
 from .strategies.base import LegendreRequest
-from .strategies.table_free import ducc0_available
 
 __all__ = ["Transform", "DistributedRealSHT", "DistributedInverseRealSHT"]
 
@@ -163,12 +162,15 @@ class Transform(LinearOperator):
         self._assignment = order_assignment(self.mmax, self.lmax, grid.nazimuth, orders)
         self.theta, self.weights = self._latitudes()
         self._auto = legendre == "auto"
-        self.legendre, self.legendre_reason = self._resolve_legendre(legendre, max_table_bytes)
+        self.strategy, self.legendre_reason = self._resolve_legendre(legendre, max_table_bytes)
+        self.legendre = self.strategy.name
         self.machine = MachineModel.load() if self._auto else None
         self._choices = backend.BoundedCache(16)  # each batch's strategy and why, by (batch, device, machine)
-        if self._auto and len(costs.batch_candidates(self.legendre, table_free=ducc0_available())) > 1:
-            self.legendre_reason += ("; per batch of host arrays, 'table-free' instead where the cost model "
-                                     "gives it the shorter Legendre step (few fields: see legendre_for)")
+        others = costs.batch_candidates(self.strategy)[1:] if self._auto else ()
+        if others:
+            self.legendre_reason += (f"; per batch of host arrays, {' or '.join(repr(r.name) for r in others)} "
+                                     "instead where the cost model gives it the shorter Legendre step (few "
+                                     "fields: see legendre_for)")
         self.tile_shape = self._tile_shape()
         self.block_shape = (split_sizes(self.lmax, grid.npolar)[grid.polar_rank],
                             len(self._assignment[grid.azimuth_rank]))
@@ -203,10 +205,11 @@ class Transform(LinearOperator):
         return self.grid.local_shape(self.nlat, self.nlon)
 
     def _resolve_legendre(self, legendre, budget):
-        """The strategy whose tables this transform holds (``legendre``, or what ``"auto"`` picks) and why."""
+        """The strategy record whose tables this transform holds (``legendre``, or what ``"auto"`` picks), and
+        why."""
         return costs.resolve_legendre(legendre, budget, self.nlat, self.lmax, self.mmax, self.grid.npolar,
                                       self.grid.nazimuth, vector=self._components > 1, dtype=self.dtype,
-                                      orders=self.orders, table_free=ducc0_available(), who=self.name)
+                                      orders=self.orders, who=self.name)
 
     def legendre_for(self, batch, device=False):
         """The Legendre strategy a call with ``batch`` fields runs, and why: ``(name, reason)``.
@@ -221,13 +224,18 @@ class Transform(LinearOperator):
         product of the leading axes (a vector field counts once).
         """
         batch = check_int(batch, "batch", f"{self.name}.legendre_for", minimum=1)
+        record, why = self._strategy_for(batch, device)
+        return record.name, why
+
+    def _strategy_for(self, batch, device):
+        """:meth:`legendre_for` as the strategy's record."""
         if not self._auto:
-            return self.legendre, "chosen"
+            return self.strategy, "chosen"
         padded = max(batch, self.grid.npolar, self.grid.nazimuth)
         return self._choices.get((padded, bool(device), self.machine), lambda: costs.choose_for_batch(
-            self.legendre, self.machine, self.nlat, self.lmax, self.mmax, self.grid.npolar, self.grid.nazimuth,
+            self.strategy, self.machine, self.nlat, self.lmax, self.mmax, self.grid.npolar, self.grid.nazimuth,
             padded, vector=self._components > 1, dtype=self.dtype, orders=self.orders, synthesis=self._synthesis,
-            device=device, table_free=ducc0_available()))
+            device=device))
 
     def _describe(self):
         # the resolved strategy decides the messages: ranks that resolved "auto" differently must not meet; with
@@ -349,7 +357,7 @@ class Transform(LinearOperator):
             raise InputError(f"expected {what} of dtype {want.name}, got {spec.dtype.name}{hint}", TypeError)
         if len(spec.shape) < len(core) or spec.shape[len(spec.shape) - len(core):] != core:
             raise InputError(self._shape_refusal(side_in, core, spec.shape))
-        if spec.device and not strategy(self.legendre).runs_on_device:
+        if spec.device and not self.strategy.runs_on_device:
             how = (f"legendre='auto' chose it ({self.legendre_reason}); give the tables room with max_table_bytes= "
                    "or pass legendre='reduce-scatter'" if self._auto else
                    "build the transform with legendre='transpose' or 'reduce-scatter' for device arrays")
@@ -425,9 +433,9 @@ class Transform(LinearOperator):
         """The pipeline for ``batch`` fields; ``second``: the overlap's other chunk, with buffers of its own."""
         workspace = self._second_scratch if second else self.grid.scratch
         device = backend.is_device_array(like)
-        name, _ = self.legendre_for(batch, device)
-        return self._pipelines.get((batch, device, second, name),
-                                   lambda: self._build_pipeline(batch, workspace, strategy(name)))
+        record, _ = self._strategy_for(batch, device)
+        return self._pipelines.get((batch, device, second, record.name),
+                                   lambda: self._build_pipeline(batch, workspace, record))
 
     def _transposes(self, batch, degrees):
         """The four transposes of a pipeline for ``batch`` fields and ``degrees`` spectral rows."""
@@ -470,8 +478,8 @@ class Transform(LinearOperator):
         # unweighted (the analysis applies the weights in its contraction), so an analysis and a synthesis
         # share one table; norms other than "ortho" scale analysis and synthesis by different degree factors
         # (the vector functions are orthonormal whatever the norm: the coupling applies it)
-        record = strategy(self.legendre)
-        if not record.table_bytes(self.nlat, self.lmax, self.mmax, self.grid.npolar, self.grid.nazimuth):
+        record = self.strategy
+        if not record.holds_tables:
             return None
         inverse = self._table_kind == "synthesis"
         key = (self._tables_kind,) + ((self.norm, inverse if self.norm != "ortho" else None)
@@ -484,7 +492,7 @@ class Transform(LinearOperator):
 
     def _build_pipeline(self, batch, workspace, record):
         lon, orders, lat, degrees = self._transposes(batch, self.lmax)
-        tables = self.tables if record.name == self.legendre else None  # a batch's other strategy: table-free
+        tables = self.tables if record is self.strategy else None  # a batch's other strategy holds none
         legendre = record.stage(self._legendre_request(), tables)
         fourier = FourierStage(self.nlon, self.dtype, self._synthesis, self._layout, self.fft)
         truncation = Truncation(self.mmax, self.nlon // 2 + 1, self._layout, order_permutation(self._assignment))

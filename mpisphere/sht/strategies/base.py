@@ -138,6 +138,10 @@ class LegendreStrategy:
         the degrees (its adjoint, an ``Allgatherv``).
     runs_on_device : bool
         Whether its kernels take CuPy arrays.
+    holds_tables : bool
+        False: it evaluates its functions as it goes, so ``auto`` may run
+        any batch of host arrays with it instead of the held tables'
+        strategy, where the cost model says it is faster.
     summary : str
         One line for documentation and ``legendre_reason``.
     """
@@ -145,6 +149,7 @@ class LegendreStrategy:
     name = None
     polar_transposes = True
     runs_on_device = True
+    holds_tables = True
     summary = ""
 
     def available(self):

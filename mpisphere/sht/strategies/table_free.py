@@ -243,6 +243,7 @@ class TableFree(LegendreStrategy):
     name = "table-free"
     polar_transposes = False
     runs_on_device = False
+    holds_tables = False
     summary = ("the reduce-scatter exchange with no tables: ducc0 evaluates the functions on the fly (host "
                "arrays; memory: the batch only)")
 
