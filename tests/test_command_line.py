@@ -5,6 +5,9 @@ Each command runs in a child process under ``mpiexec -n 1`` with a timeout
 """
 
 import importlib.util
+import json
+import math
+import os
 import subprocess
 import sys
 
@@ -34,3 +37,18 @@ def test_diagnose_reports_the_library_and_says_when_there_is_no_gpu():
         assert "CuPy: not installed" in done.stdout
         assert "device buffers: none on this machine (no GPU visible)" in done.stdout, done.stdout
         assert "path for device buffers" not in done.stdout
+
+
+def test_calibrate_writes_a_model_that_a_transform_loads(tmp_path):
+    """The fit finds its two kinds of kernel (a table product, a strategy holding no tables) from what the
+    strategy records say, and writes positive finite rates that a transform then reads."""
+    path = tmp_path / "machine.json"
+    done = run("calibrate", "--repeats", "1", "--out", str(path))
+    assert done.returncode == 0, done.stdout + done.stderr
+    rates = {k: v for k, v in json.loads(path.read_text()).items() if k.endswith(("_rate", "_bandwidth"))}
+    assert len(rates) == 12 and all(math.isfinite(v) and v > 0 for v in rates.values()), rates
+    check = ("import os, mpisphere as ms; from mpi4py import MPI; g = ms.ProcessGrid(MPI.COMM_WORLD); "
+             "print(ms.DistributedRealSHT(g, 17, 32).machine.source)")
+    loaded = subprocess.run(mpiexec_command() + ["-n", "1", sys.executable, "-c", check], capture_output=True,
+                            text=True, timeout=300, env=dict(os.environ, MPISPHERE_MACHINE_MODEL=str(path)))
+    assert loaded.returncode == 0 and loaded.stdout.strip() == str(path), loaded.stdout + loaded.stderr

@@ -268,3 +268,4 @@ def test_a_machine_model_file_is_read_and_checked(grid, tmp_path, monkeypatch):
     path.write_text("{}")
     with raises(ValueError, match="not a machine model written by 'python -m mpisphere calibrate"):
         DistributedRealSHT(grid, 17, 32)
+

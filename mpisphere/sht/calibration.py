@@ -22,8 +22,7 @@ import time
 
 import numpy
 
-from .strategies import MachineModel, strategy
-from .strategies.base import row_entries, triangle_entries
+from .strategies import STRATEGIES, MachineModel
 from .transforms import DistributedInverseRealSHT, DistributedRealSHT
 from .vector import DistributedInverseRealVectorSHT, DistributedRealVectorSHT
 
@@ -61,6 +60,10 @@ def calibrate(repeats=5, comm=None):
     classes = {("scalar", "analysis"): DistributedRealSHT, ("scalar", "synthesis"): DistributedInverseRealSHT,
                ("vector", "analysis"): DistributedRealVectorSHT,
                ("vector", "synthesis"): DistributedInverseRealVectorSHT}
+    # the rates of the two kinds of kernel the model knows: a table product (the first strategy holding
+    # tables at every latitude) and functions evaluated as they go (the first holding none)
+    products = next(r for r in STRATEGIES if r.holds_tables and r.polar_transposes)
+    on_the_fly = next(r for r in STRATEGIES if not r.holds_tables)
     rng = numpy.random.default_rng(0)
     found = {}
     with ProcessGrid(MPI.COMM_SELF if comm is None else comm) as grid:
@@ -68,12 +71,12 @@ def calibrate(repeats=5, comm=None):
             nlat, nlon, lmax = REFERENCES[kind]
             vector = kind == "vector"
             components = 2 if vector else 1
-            entries = triangle_entries(lmax, range(lmax), nlat, vector)
-            values = row_entries(lmax, range(lmax), nlat, vector)
-            table = strategy("transpose").table_bytes(nlat, lmax, lmax, 1, 1, vector=vector)
-            ops = {name: cls(grid, nlat, nlon, lmax, lmax, legendre=name) for name in ("transpose", "table-free")}
+            entries = products.values(lmax, range(lmax), nlat, nlat, 1, vector)
+            values = on_the_fly.values(lmax, range(lmax), nlat, nlat, 1, vector)
+            table = products.table_bytes(nlat, lmax, lmax, 1, 1, vector=vector)
+            ops = {r.name: cls(grid, nlat, nlon, lmax, lmax, legendre=r.name) for r in (products, on_the_fly)}
             calls = {}
-            for name, batch in (("transpose", 2), ("transpose", 32), ("table-free", 4)):
+            for name, batch in ((products.name, 2), (products.name, 32), (on_the_fly.name, 4)):
                 op = ops[name]
                 domain = op.domain_shape((batch,))
                 x = rng.standard_normal(domain) if direction == "analysis" else \
@@ -81,11 +84,11 @@ def calibrate(repeats=5, comm=None):
                 out = numpy.empty(op.range_shape((batch,)), op.cdtype if direction == "analysis" else op.dtype)
                 calls[name, batch] = lambda op=op, x=x, out=out: op.forward(x, out=out)
             seconds = _medians(calls, repeats)
-            per_field = max((seconds["transpose", 32] - seconds["transpose", 2]) / 30, 1e-9)
-            fixed = max(seconds["transpose", 2] - 2 * per_field, 0.02 * seconds["transpose", 2])
+            per_field = max((seconds[products.name, 32] - seconds[products.name, 2]) / 30, 1e-9)
+            fixed = max(seconds[products.name, 2] - 2 * per_field, 0.02 * seconds[products.name, 2])
             found[f"{kind}_{direction}_table_bandwidth"] = table / fixed
             found[f"{kind}_{direction}_product_rate"] = 2 * components * entries / per_field  # 2 C real columns
-            found[f"{kind}_{direction}_on_the_fly_rate"] = 4 * components * values / seconds["table-free", 4]
+            found[f"{kind}_{direction}_on_the_fly_rate"] = 4 * components * values / seconds[on_the_fly.name, 4]
             for op in ops.values():
                 op.free()
     return MachineModel(**found, source=f"calibrated {time.strftime('%Y-%m-%d %H:%M')}")
