@@ -2,7 +2,7 @@
 
 ``python -m pytest`` runs the serial tests here and every ``mpi``-marked test
 under ``mpiexec`` at 1, 2 and 6 ranks (``--mpi-full``: 1, 2, 3, 4 and 6; see
-mpisphere/testing.py, which users enable the same way for their own suites).
+the package mpisphere/testing, which users enable the same way for their own suites).
 """
 
 import os

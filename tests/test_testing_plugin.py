@@ -111,8 +111,8 @@ def test_progress_lines_name_the_launch_and_the_running_test(tmp_path, monkeypat
 
 
 def test_launch_output_is_shown_without_nul_characters():
-    from mpisphere.testing import _clean
-    assert _clean("Open MPI v4.1.4, package: Debian\x00\nnext") == "Open MPI v4.1.4, package: Debian\nnext"
+    from mpisphere.testing.progress import clean
+    assert clean("Open MPI v4.1.4, package: Debian\x00\nnext") == "Open MPI v4.1.4, package: Debian\nnext"
 
 
 def test_the_summary_and_junit_name_the_failing_test_of_a_launch(tmp_path):
