@@ -54,6 +54,7 @@ class GridComm(MPI.Cartcomm):
         wrapped = cls(comm)
         wrapped.space = wrapped if space is None else space
         wrapped.guard = guard
+        wrapped.agreements = 0   # this communicator's agreements so far (stall notes say which one they are about)
         wrapped.Set_name(name)
         return wrapped
 

@@ -41,10 +41,23 @@ PROGRAMS = {
         if grid.rank != grid.size - 1:
             halo.forward(numpy.ones(grid.local_shape(12, 4)))
         """,
+    # two stalls in a row on one grid, the late rank changing: the last rank, then rank 0
+    "late_rank_changes": """
+        grid = ProcessGrid(MPI.COMM_WORLD)
+        op = ReduceFrom(grid.cart)
+        if grid.rank == grid.size - 1:
+            time.sleep(1.5)
+        op.forward(numpy.ones(3))
+        if grid.rank == 0:
+            time.sleep(1.5)
+        op.forward(numpy.ones(3))
+        grid.free()
+        """,
 }
 
 HEADER = """
 import sys
+import time
 import numpy
 from mpi4py import MPI
 from mpisphere import GatherFrom, HaloExchange, ProcessGrid, ReduceFrom
@@ -106,3 +119,20 @@ def test_the_report_names_the_call_site_and_a_rank_that_ended_its_program():
     assert f"in ReduceFrom.forward's agreement over grid.cart (3 ranks), called at <string>:{site}." in output, output
     assert "ended its program (exited with the grid in use, without this call): rank 2" in output, output
     assert "not arrived" not in output.split("aborts the job now")[0], output
+
+
+def reports_of(output, rank):
+    """The stall reports rank ``rank`` printed, each as one text."""
+    head = f"mpisphere: rank {rank} of "
+    return [head + block.split("likely causes")[0] for block in output.split(head)[1:]]
+
+
+def test_a_second_report_is_about_the_second_wait_only():
+    """Notes left over from the first stall (read by nobody: the late rank did not wait) do not count as
+    waiting ranks in the second: the late rank of the second call is named as not arrived."""
+    code, output = launch("late_rank_changes", report="0.5", deadline="30")
+    assert code == 0, output
+    last = reports_of(output, 2)   # late in the first call, waiting in the second
+    assert len(last) == 1 and "waiting in it too: ranks 1, 2" in last[0] and "not arrived: rank 0" in last[0], output
+    middle = reports_of(output, 1)  # waits in both
+    assert len(middle) == 2 and "not arrived: rank 2" in middle[0] and "not arrived: rank 0" in middle[1], output

@@ -26,6 +26,7 @@ from mpi4py import MPI
 
 from .. import collectives
 from ..settings import config
+from ..waiting import WaitLoop
 from .differing import ranks_text
 
 __all__ = ["wait", "Watch", "STALL_TAG", "ExitNotice", "call_site"]
@@ -103,13 +104,30 @@ _CAUSES = ("  likely causes: a rank raised outside mpisphere, returned or exited
            "MPISPHERE_STALL_DEADLINE=seconds aborts the job after that long.")
 
 
-def _notes(comm, found, ended):
-    """Read the stall notes that have arrived on ``comm``: calls into ``found``, ranks that ended into ``ended``."""
+def _notes(comm, found, ended, sequence=None):
+    """Read the stall notes that have arrived on ``comm``: calls into ``found``, ranks that ended into ``ended``.
+
+    ``sequence``: which of ``comm``'s agreements this rank waits in (:func:`_next_wait`); a note from a wait of
+    another number is stale (that agreement has completed: every rank was in it) and is dropped.
+    """
     for source, theirs in collectives.receive_objects(comm, STALL_TAG):
         if theirs.get("ended"):
             ended.add(source)
-        else:
+        elif sequence is None or theirs.get("wait") in (None, sequence):
             found[source] = (theirs.get("who", "?"), theirs.get("at"))
+
+
+def _next_wait(comm):
+    """The number of this agreement on ``comm`` (the same on every rank in the same call), or None.
+
+    A grid's communicators count their agreements (``GridComm.agreements``); other communicators carry no
+    count, and their notes are taken as current.
+    """
+    count = getattr(comm, "agreements", None)
+    if count is None:
+        return None
+    comm.agreements = count + 1
+    return count + 1
 
 
 def _space_notes(comm, ended):
@@ -122,22 +140,24 @@ def _space_notes(comm, ended):
         ended.update(r for r, s in enumerate(collectives.ranks_in(comm, space)) if s in exited)
 
 
-def report(comm, who, waited, final=False, site=None, ended=None):
-    """The stall report of this rank (every waiting rank writes its own), as text.
+def report(comm, who, waited, final=False, site=None, ended=None, sequence=None):
+    """The stall report of this rank (every waiting rank writes its own): ``(text, sends)``.
 
-    Sends this rank's note (its call and the user's line that made it) to
-    every other rank of ``comm``, then collects the notes of the ranks that
-    are waiting too, for up to a few seconds. A rank that ended its program
-    with the grid still in use has sent a note of its own (``ExitNotice``);
-    ``ended`` keeps those ranks from one report of a wait to the next.
+    Sends this rank's note (its call, the user's line that made it and the
+    agreement's number ``sequence``) to every other rank of ``comm``, then
+    collects the notes of the ranks that are waiting in the same agreement,
+    for up to a few seconds. A rank that ended its program with the grid
+    still in use has sent a note of its own (``ExitNotice``); ``ended`` keeps
+    those ranks from one report of a wait to the next. ``sends``: the
+    requests of this rank's notes, for the caller to complete.
     """
     rank, size = comm.Get_rank(), comm.Get_size()
-    note = {"rank": rank, "who": who, "at": site}
+    note = {"rank": rank, "who": who, "at": site, "wait": sequence}
     sends = [collectives.isend_object(comm, note, q, STALL_TAG) for q in range(size) if q != rank]
     notes, ended = {rank: (who, site)}, (set() if ended is None else ended)
     start = time.monotonic()
     while len(notes) + len(ended - set(notes)) < size and time.monotonic() - start < _GATHER:
-        _notes(comm, notes, ended)
+        _notes(comm, notes, ended, sequence)
         _space_notes(comm, ended)
         time.sleep(0.01)
     ended.difference_update(notes)
@@ -155,34 +175,33 @@ def report(comm, who, waited, final=False, site=None, ended=None):
     lines.append(f"  not arrived: {ranks_text(missing)}" if missing else
                  "  every rank has arrived here, in another call or at its end (see above)")
     lines.append(_CAUSES)
-    del sends  # small messages, sent eagerly: nothing waits on them
-    return "\n".join(lines)
+    return "\n".join(lines), sends
+
+
+def _write(text):
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
 
 
 def wait(request, comm, who):
-    """Wait for ``request``, the agreement's reduction over ``comm``: report a stall, abort at the deadline."""
-    report_after, deadline = config.stall_report, config.stall_deadline
+    """Wait for ``request``, the agreement's reduction over ``comm``: report a stall, abort at the deadline.
+
+    Every request the report starts is completed before this returns (its notes are small: sent eagerly,
+    they complete whether or not a rank reads them; a note read late is recognised as stale by its number).
+    """
+    sequence = _next_wait(comm)
     if collectives.test(request):
         return
-    start = time.monotonic()
-    reported, ended = False, set()
-    while not collectives.test(request):
-        waited = time.monotonic() - start
-        if not reported and report_after is not None and waited >= report_after:
-            site = call_site()
-            sys.stderr.write(report(comm, who, waited, site=site, ended=ended) + "\n")
-            sys.stderr.flush()
-            reported = True
-        if deadline is not None and waited >= deadline:
-            sys.stderr.write(report(comm, who, waited, final=True, site=call_site(), ended=ended) + "\n")
-            sys.stderr.flush()
-            collectives.abort(comm, 1)
-        if waited < _SPIN:
-            os.sched_yield()  # ranks oversubscribing the cores: let the one being waited for run
-        else:
-            time.sleep(_NAP)
-    if reported:  # the notes of ranks that reported after this one's: not for a later report
-        collectives.receive_objects(comm, STALL_TAG)
+    ended, sends = set(), []
+
+    def write(waited, final):
+        text, sent = report(comm, who, waited, final=final, site=call_site(), ended=ended, sequence=sequence)
+        sends.extend(sent)
+        _write(text)
+
+    WaitLoop(config.stall_report, config.stall_deadline, spin=_SPIN, nap=_NAP).run(
+        lambda: collectives.test(request), write, lambda: collectives.abort(comm, 1))
+    collectives.waitall(sends)
 
 
 class Watch:
@@ -190,37 +209,24 @@ class Watch:
 
     :meth:`idle` is called each time a poll found nothing, with the ranks
     whose messages are still awaited; what has arrived and what has not is
-    this rank's own knowledge (no messages of its own).
+    this rank's own knowledge (no messages of its own). The clock is a
+    :class:`~mpisphere.waiting.WaitLoop`.
     """
 
-    __slots__ = ("comm", "who", "start", "reported")
+    __slots__ = ("comm", "who", "loop")
 
     def __init__(self, comm, who):
         self.comm, self.who = comm, who
-        self.start, self.reported = None, False
+        self.loop = WaitLoop(config.stall_report, config.stall_deadline, spin=_SPIN, nap=_NAP)
 
     def idle(self, pending, arrived):
         """One poll found nothing: ``pending`` ranks are awaited, ``arrived`` have sent theirs."""
-        now = time.monotonic()
-        if self.start is None:
-            self.start = now
-        waited = now - self.start
-        report_after, deadline = config.stall_report, config.stall_deadline
-        due = (not self.reported and report_after is not None and waited >= report_after) or \
-            (deadline is not None and waited >= deadline)
-        if due:
-            final = deadline is not None and waited >= deadline
-            rank, size = self.comm.Get_rank(), self.comm.Get_size()
-            sys.stderr.write(
-                f"mpisphere: rank {rank} of {size} has waited {waited:.0f} s in {self.who} for its neighbours"
-                + (" and aborts the job now (MPISPHERE_STALL_DEADLINE)" if final else "") + ".\n"
-                f"  not arrived: the messages of {ranks_text(pending)}\n  arrived: {ranks_text(arrived)}\n"
-                + _CAUSES + "\n")
-            sys.stderr.flush()
-            self.reported = True
-            if final:
-                collectives.abort(self.comm, 1)
-        if waited < _SPIN:
-            os.sched_yield()
-        else:
-            time.sleep(_NAP)
+        rank, size = self.comm.Get_rank(), self.comm.Get_size()
+
+        def write(waited, final):
+            _write(f"mpisphere: rank {rank} of {size} has waited {waited:.0f} s in {self.who} for its neighbours"
+                   + (" and aborts the job now (MPISPHERE_STALL_DEADLINE)" if final else "") + ".\n"
+                   f"  not arrived: the messages of {ranks_text(pending)}\n  arrived: {ranks_text(arrived)}\n"
+                   + _CAUSES)
+
+        self.loop.idle(write, lambda: collectives.abort(self.comm, 1))

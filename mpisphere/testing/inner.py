@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy
 import pytest
 
+from ..waiting import WaitLoop
 from .fixtures import grid_id, grid_shapes
 from .progress import BASETEMP_VARIABLE, HANGS_VARIABLE, MEET_MARGIN, MEET_SPIN, PROGRESS_VARIABLE, SESSION_END
 
@@ -188,29 +189,23 @@ class InnerPlugin:
         flag = self._flag
         flag[0] = 1 if failed else 0
         request = self.comm.Iallreduce(self.MPI.IN_PLACE, flag, op=self.MPI.MAX)
-        start = time.monotonic()
-        deadline = start + self.grace if failed else None
-        extended = False  # the watchdog moved past the test's deadline (only for a wait that lasts: re-arming costs)
-        while not request.Test():
-            if deadline is not None and time.monotonic() > deadline:
-                self.err.write(
-                    f"\n*** mpisphere test harness: rank {self.rank} of {self.size}: {nodeid} failed in "
-                    f"{when}, and the other ranks did not reach the end of that phase within {self.grace:.0f} s "
-                    "(they are probably waiting in a collective this rank never entered). Aborting the job.\n"
-                    f"{text}\n")
-                self.err.flush()
-                self._progress("failed", nodeid)
-                self.MPI.COMM_WORLD.Abort(1)
-            # yield at first (oversubscribed ranks: the one being waited for runs; a sleep's granularity of ~1 ms
-            # per poll made the meetings three times the cost of the tests at 6 ranks on 2 cores), then nap
-            if time.monotonic() - start < MEET_SPIN:
-                os.sched_yield()
-            else:
-                if rearm and not extended:
-                    self._arm(MEET_MARGIN)
-                    extended = True
-                time.sleep(0.001)
-        if extended:
+
+        def report(waited, final):
+            self.err.write(
+                f"\n*** mpisphere test harness: rank {self.rank} of {self.size}: {nodeid} failed in "
+                f"{when}, and the other ranks did not reach the end of that phase within {self.grace:.0f} s "
+                "(they are probably waiting in a collective this rank never entered). Aborting the job.\n"
+                f"{text}\n")
+            self.err.flush()
+            self._progress("failed", nodeid)
+
+        # yield at first (oversubscribed ranks: the one being waited for runs; a sleep's granularity of ~1 ms per
+        # poll made the meetings three times the cost of the tests at 6 ranks on 2 cores), then nap; the
+        # watchdog moves past the test's deadline only for a wait that lasts (re-arming costs)
+        loop = WaitLoop(None, self.grace if failed else None, spin=MEET_SPIN, nap=0.001,
+                        on_nap=(lambda: self._arm(MEET_MARGIN)) if rearm else None)
+        loop.run(request.Test, report, lambda: self.MPI.COMM_WORLD.Abort(1))
+        if rearm and loop.waited() >= MEET_SPIN:
             self._arm()  # back to the test's own deadline for its next phase
         return bool(flag[0])
 
