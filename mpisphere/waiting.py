@@ -2,7 +2,7 @@
 
 Every place mpisphere waits for other ranks (the agreement's reduction, a
 halo's neighbours, a shared tile's readers) and the test harness's meeting
-after each phase waits through a :class:`WaitLoop`: the clock, the report
+after each phase waits through a ``WaitLoop``: the clock, the report
 and the deadline are written once. What is polled, what the report says and
 how the wait ends at the deadline are the caller's.
 """

@@ -343,6 +343,12 @@ class NeighbourRound:
             return {}
         return {k: self._targets[k] for k in keys if self._targets.get(k) is not None}
 
+    def fail(self, key, text):
+        """The message ``key`` (``(source, tag)``) cannot be used, for the reason ``text``: the round is
+        poisoned (this rank stops using data and its remaining headers say so)."""
+        self.problems.append((key, text))
+        self.poisoned = True
+
     def acknowledge(self, key):
         """Tell the sender of ``key`` (data in shared memory) that this rank no longer reads it."""
         location = self._owed.pop(key, None)

@@ -210,7 +210,7 @@ class Watch:
     :meth:`idle` is called each time a poll found nothing, with the ranks
     whose messages are still awaited; what has arrived and what has not is
     this rank's own knowledge (no messages of its own). The clock is a
-    :class:`~mpisphere.waiting.WaitLoop`.
+    ``mpisphere.waiting.WaitLoop``.
     """
 
     __slots__ = ("comm", "who", "loop")

@@ -91,16 +91,16 @@ from the latitudes and the grid.
 """
 import numpy
 
-from .. import backend, collectives, dtypes
+from .. import backend, dtypes
 from ..agreement import REFUSED, Call, Context, InputError, NeighbourRound, Spec, agree, agree_construction, \
     call_description, cause_first, collective, raise_everywhere
 from ..operators import ADJOINT, DISTRIBUTED, FORWARD, AdjointOperator, Layout, LinearOperator
 from ..settings import config
 from ..validation import check_choice, check_int
 from .pattern import FROM, RECORD, TO_EAST, TO_WEST, HaloPattern
-from .plan import MessagePlan, add_between, add_runs, copier, copy_runs, unpacker
+from .plan import MessagePlan, add_runs, copy_runs
 from .poles import AcrossPoles, ZeroPoles
-from .shared import NodeMemory
+from .shared import NodeMemory, SharedLink
 
 __all__ = ["HaloExchange", "HaloReduce"]
 
@@ -224,6 +224,7 @@ class HaloExchange(LinearOperator):
         self.pattern = HaloPattern(grid, self.rows, self.cols)
         self._workspace = backend.Workspace()
         self._plans = backend.BoundedCache(4, drop=MessagePlan.free)
+        self._link = SharedLink(self.pattern, self.rows, self.cols, self._workspace)
 
     @property
     def name(self):
@@ -514,7 +515,7 @@ class HaloExchange(LinearOperator):
             round_.collect([(rank, tag + RECORD) for tag, rank in self.pattern.receives.items()], records=True)
             if round_.poisoned:
                 finish()
-        sender = self._sender(P)
+        sender = self._link.sender(self.grid.node_memory, P, config.shared_memory)
         first, second = self.pattern.phases(h, w, gather)
         if gather:
             self.pattern.wrap(P, h, w)
@@ -539,16 +540,6 @@ class HaloExchange(LinearOperator):
         h, w = P.shape[-2] - 2 * self.rows, P.shape[-1] - 2 * self.cols
         return self._plans.get(key, lambda: MessagePlan(P, self.pattern, h, w, self.grid.cart)).claim(P)
 
-    def _sender(self, P):
-        """``(allocation, call number)`` when ``P`` lies in shared memory and may be read there, else ``None``."""
-        memory = self.grid.node_memory
-        if memory is None or not config.shared_memory:
-            return None
-        record = memory.find(P)
-        if record is None:
-            return None
-        return record, memory.publish(record)
-
     def _phase(self, P, moves, gather, round_, plan, sender):
         """Send this phase's blocks (or leave them in shared memory), then fill or add what arrives.
 
@@ -562,7 +553,7 @@ class HaloExchange(LinearOperator):
             if dest is not None:
                 message, buf = plan.outgoing[move.tag]
                 if sender is not None and buf is not None and not round_.poisoned and memory.on_node(dest):
-                    round_.send(dest, move.tag, None, shared=(buf.nbytes, self._leave(P, move, sender, buf)))
+                    round_.send(dest, move.tag, None, shared=(buf.nbytes, self._link.leave(P, move, sender, buf)))
                 else:
                     if buf is not None and not round_.poisoned:
                         copy_runs(buf, P, move.send)
@@ -576,73 +567,13 @@ class HaloExchange(LinearOperator):
         for key, region, buf in incoming:
             where = round_.shared.get(key)
             if where is not None:
-                self._read_shared(P, key, where, region, gather, round_, sender)
+                self._link.read(memory, P, key, where, region, gather, round_, sender)
             elif key in arrived:
                 if gather:
                     copy_runs(P, buf, region, into_region=True)
                 else:
                     add_runs(P, buf, region, self._workspace)
         return not round_.poisoned
-
-    @staticmethod
-    def _leave(P, move, sender, buf):
-        """Leave ``move``'s block in shared memory for its reader: ``(allocation, call, byte offset)``.
-
-        A thin block (the columns: runs of a few elements) is packed behind
-        the tile, where the reader reads it contiguously (offset >= 0);
-        reading such runs straight from another core's tile was measured
-        slower than packing them here. Rows are read straight from the tile
-        (offset -1).
-        """
-        record, sequence = sender
-        offset = -1
-        staged = record.staging.get(move.tag)
-        if staged is not None and staged[1].shape == buf.shape:
-            copy_runs(staged[1], P, move.send)
-            offset = staged[0]
-        collectives.window_sync(record.window)  # this rank's writes (tile, first phase, packing) before the header
-        return record.serial, sequence, offset
-
-    def _read_shared(self, P, key, where, region, gather, round_, sender):
-        """Copy (or add) a neighbour's block straight from its shared memory, then acknowledge it."""
-        source, tag = key
-        (serial, _, offset), (h, w) = where
-        memory = self.grid.node_memory
-        if offset >= 0:  # packed by its owner
-            rows, cols = region
-            theirs = memory.view(serial, source, P.shape[:-2] + (rows.stop - rows.start, cols.stop - cols.start),
-                                 P.dtype, offset)
-        else:
-            theirs = memory.view(serial, source, P.shape[:-2] + (h + 2 * self.rows, w + 2 * self.cols), P.dtype)
-        if theirs is None:
-            round_.problems.append((key, f"left its data in shared memory (allocation {serial}) that this rank "
-                                         "cannot see"))
-            round_.poisoned = True
-        else:
-            memory.read_barrier(serial)
-            if sender is None:
-                self._shared_copy(P, tag, region, gather, theirs, offset, h, w)()
-            else:  # both in shared memory: the copy is planned once per pair of arrays
-                planned = sender[0].copies
-                rows, cols = region
-                at = (key, serial, offset, theirs.shape, gather, rows.start, rows.stop, cols.start, cols.stop)
-                copy = planned.get(at)
-                if copy is None:
-                    copy = planned[at] = self._shared_copy(P, tag, region, gather, theirs, offset, h, w)
-                copy()
-        round_.acknowledge(key)
-
-    def _shared_copy(self, P, tag, region, gather, theirs, offset, h, w):
-        """The function that fills (or adds onto) ``P[region]`` from a neighbour's memory ``theirs``."""
-        workspace = self._workspace
-        if offset >= 0:
-            if gather:
-                return unpacker(P, region, theirs)
-            return lambda: add_runs(P, theirs, region, workspace, keep=True)
-        block = self.pattern.send_region(tag, h, w, gather)
-        if gather:
-            return copier(P, region, theirs, block)
-        return lambda: add_between(P, region, theirs, block, workspace)
 
     def free(self):
         """Drop the cached plans, their persistent requests and the scratch buffers (rebuilt on the next call).

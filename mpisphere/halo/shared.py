@@ -1,4 +1,4 @@
-"""Tiles in memory shared by the ranks of a node (MPI-3 windows), and the acknowledgements of their reads.
+"""The halo's shared-memory link: tiles shared on the node (MPI-3 windows), blocks read there, their acknowledgements.
 
 A grid's ``NodeMemory`` is made by the first allocation from a halo
 (:meth:`~mpisphere.HaloExchange.zeros`, collective over ``grid.cart``) and
@@ -34,11 +34,13 @@ import numpy
 
 from .. import collectives
 from ..agreement.stall import Watch
+from .pattern import TAGS
+from .plan import add_between, add_runs, copier, copy_runs, unpacker
 
-__all__ = ["NodeMemory", "SharedArray"]
+__all__ = ["NodeMemory", "SharedArray", "SharedLink"]
 
 _SLOT = 64  # bytes: one cache line per acknowledgement counter (no false sharing between writers)
-_TAG_SLOTS = {11: 0, 12: 1, 13: 2, 14: 3}  # message tag -> counter
+_TAG_SLOTS = {tag: slot for slot, tag in enumerate(TAGS)}  # message tag -> counter
 
 
 def _aligned(nbytes):
@@ -182,3 +184,93 @@ class NodeMemory:
             record.theirs.clear()
             record.copies.clear()
         self.records, self._by_id, self._their_acks = [], {}, {}
+
+
+class SharedLink:
+    """The shared-memory link of a halo: blocks left in the sender's window and read there by the receiver.
+
+    Parameters
+    ----------
+    pattern : HaloPattern
+        What the call moves (the blocks' regions).
+    rows, cols : int
+        The halo's widths.
+    workspace : Workspace
+        The halo's scratch (the sums of the adjoint).
+
+    Notes
+    -----
+    One per halo operator; the grid's :class:`NodeMemory` is asked at each
+    call (it is made by the first shared allocation and freed with the
+    grid).
+    """
+
+    def __init__(self, pattern, rows, cols, workspace):
+        self.pattern, self.rows, self.cols, self.workspace = pattern, rows, cols, workspace
+
+    @staticmethod
+    def sender(memory, P, enabled):
+        """``(allocation, call number)`` when ``P`` lies in shared memory and may be read there, else None."""
+        if memory is None or not enabled:
+            return None
+        record = memory.find(P)
+        if record is None:
+            return None
+        return record, memory.publish(record)
+
+    @staticmethod
+    def leave(P, move, sender, buf):
+        """Leave ``move``'s block in shared memory for its reader: ``(allocation, call, byte offset)``.
+
+        A thin block (the columns: runs of a few elements) is packed behind
+        the tile, where the reader reads it contiguously (offset >= 0);
+        reading such runs straight from another core's tile was measured
+        slower than packing them here. Rows are read straight from the tile
+        (offset -1).
+        """
+        record, sequence = sender
+        offset = -1
+        staged = record.staging.get(move.tag)
+        if staged is not None and staged[1].shape == buf.shape:
+            copy_runs(staged[1], P, move.send)
+            offset = staged[0]
+        collectives.window_sync(record.window)  # this rank's writes (tile, first phase, packing) before the header
+        return record.serial, sequence, offset
+
+    def read(self, memory, P, key, where, region, gather, round_, sender):
+        """Copy (or add) a neighbour's block straight from its shared memory, then acknowledge it."""
+        source, tag = key
+        (serial, _, offset), (h, w) = where
+        if offset >= 0:  # packed by its owner
+            rows, cols = region
+            theirs = memory.view(serial, source, P.shape[:-2] + (rows.stop - rows.start, cols.stop - cols.start),
+                                 P.dtype, offset)
+        else:
+            theirs = memory.view(serial, source, P.shape[:-2] + (h + 2 * self.rows, w + 2 * self.cols), P.dtype)
+        if theirs is None:
+            round_.fail(key, f"left its data in shared memory (allocation {serial}) that this rank cannot see")
+        else:
+            memory.read_barrier(serial)
+            if sender is None:
+                self._copy(P, tag, region, gather, theirs, offset, h, w)()
+            else:  # both in shared memory: the copy is planned once per pair of arrays
+                planned = sender[0].copies
+                rows, cols = region
+                at = (key, serial, offset, theirs.shape, gather, rows.start, rows.stop, cols.start, cols.stop)
+                copy = planned.get(at)
+                if copy is None:
+                    copy = planned[at] = self._copy(P, tag, region, gather, theirs, offset, h, w)
+                copy()
+        round_.acknowledge(key)
+
+    def _copy(self, P, tag, region, gather, theirs, offset, h, w):
+        """The function that fills (or adds onto) ``P[region]`` from a neighbour's memory ``theirs``."""
+        workspace = self.workspace
+        if offset >= 0:
+            if gather:
+                return unpacker(P, region, theirs)
+            return lambda: add_runs(P, theirs, region, workspace, keep=True)
+        block = self.pattern.send_region(tag, h, w, gather)
+        if gather:
+            return copier(P, region, theirs, block)
+        return lambda: add_between(P, region, theirs, block, workspace)
