@@ -98,7 +98,7 @@ from ..operators import ADJOINT, DISTRIBUTED, FORWARD, AdjointOperator, Layout, 
 from ..settings import config
 from ..validation import check_choice, check_int
 from .pattern import FROM, RECORD, TO_EAST, TO_WEST, HaloPattern
-from .plan import MessagePlan, add_runs, copy_runs
+from .plan import MessagePlan, add_runs
 from .poles import AcrossPoles, ZeroPoles
 from .shared import NodeMemory, SharedLink
 
@@ -556,7 +556,7 @@ class HaloExchange(LinearOperator):
                     round_.send(dest, move.tag, None, shared=(buf.nbytes, self._link.leave(P, move, sender, buf)))
                 else:
                     if buf is not None and not round_.poisoned:
-                        copy_runs(buf, P, move.send)
+                        plan.pack(move.tag, move.send)
                     round_.send(dest, move.tag, message, request=plan.request(move.tag, dest))
             source = receives.get(move.tag)
             if source is not None:
@@ -570,7 +570,7 @@ class HaloExchange(LinearOperator):
                 self._link.read(memory, P, key, where, region, gather, round_, sender)
             elif key in arrived:
                 if gather:
-                    copy_runs(P, buf, region, into_region=True)
+                    plan.unpack(key[1], region)
                 else:
                     add_runs(P, buf, region, self._workspace)
         return not round_.poisoned

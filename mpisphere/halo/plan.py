@@ -23,7 +23,7 @@ import numpy
 from .. import backend, collectives
 from ..agreement import message_buffer
 
-__all__ = ["MessagePlan", "copy_runs", "move_runs", "add_runs", "copier", "unpacker", "add_between"]
+__all__ = ["MessagePlan", "copy_runs", "move_runs", "add_runs", "copier", "packer", "unpacker", "add_between"]
 
 
 class MessagePlan:
@@ -50,11 +50,33 @@ class MessagePlan:
         self._requests = {}
         self._host = isinstance(P, numpy.ndarray)
         self._streams = backend.StreamOrder()
+        self._array, self._copies = None, {}
 
     def claim(self, P):
-        """Ready the buffers for a call on ``P`` (on a device: after the last call's stream, see the stream rule)."""
+        """Ready the buffers for a call on ``P`` (on a device: after the last call's stream, see the stream rule).
+
+        The copies between ``P`` and the buffers are planned for the last array the plan served (a model calls
+        its halo on the same padded array step after step): the views are made once, not in every call. The
+        plan then keeps that array referenced until it serves another or is dropped.
+        """
         self._streams.claim(P)
+        if self._array is not P:
+            self._array, self._copies = P, {}
         return self
+
+    def pack(self, tag, region):
+        """Copy ``P[region]`` into the outgoing buffer of ``tag`` (``P``: the claimed array)."""
+        copy = self._copies.get((tag, True))
+        if copy is None:
+            copy = self._copies[tag, True] = packer(self._array, region, self.outgoing[tag][1])
+        copy()
+
+    def unpack(self, tag, region):
+        """Copy the incoming buffer of ``tag`` into ``P[region]`` (``P``: the claimed array)."""
+        copy = self._copies.get((tag, False))
+        if copy is None:
+            copy = self._copies[tag, False] = unpacker(self._array, region, self.incoming[tag][1])
+        copy()
 
     def request(self, tag, dest):
         """The persistent send of ``outgoing[tag]`` to ``dest`` (host buffers only; ``None`` otherwise)."""
@@ -156,6 +178,26 @@ def copier(P, region, Q, source):
     return lambda: numpy.copyto(dst, src)
 
 
+def packer(P, region, packed):
+    """A function that copies ``P[region]`` into the contiguous block ``packed``, planned once."""
+    runs = _runs(P, region)
+    if runs is None or not packed.flags.c_contiguous:
+        dst, src = packed, P[(Ellipsis,) + region]
+    else:
+        dst, src = packed.reshape(-1).view(numpy.dtype((numpy.void, runs.dtype.itemsize))).reshape(runs.shape), runs
+    return _copy_function(dst, src)
+
+
+def _copy_function(dst, src):
+    """``dst[...] = src`` as a function: NumPy's copy for host arrays (the runs' void items), else the module's."""
+    if isinstance(dst, numpy.ndarray):
+        return lambda: numpy.copyto(dst, src)
+
+    def copy():
+        dst[...] = src
+    return copy
+
+
 def unpacker(P, region, packed):
     """A function that copies the contiguous block ``packed`` into ``P[region]``, planned once."""
     runs = _runs(P, region)
@@ -163,7 +205,7 @@ def unpacker(P, region, packed):
         dst, src = P[(Ellipsis,) + region], packed
     else:
         dst, src = runs, packed.reshape(-1).view(numpy.dtype((numpy.void, runs.dtype.itemsize))).reshape(runs.shape)
-    return lambda: numpy.copyto(dst, src)
+    return _copy_function(dst, src)
 
 
 def add_between(P, region, Q, source, workspace):
