@@ -16,6 +16,7 @@ that must run.
 import argparse
 import faulthandler
 import json
+import os
 import resource
 import shutil
 import sys
@@ -645,6 +646,29 @@ def _is_last(comm, me):
     return me == comm.Get_size() - 1
 
 
+def _machine_model_missing(grid, odd):
+    """``MPISPHERE_MACHINE_MODEL`` names a file that is not there, on rank ``odd`` only."""
+    from mpisphere.sht.strategies.machine import MODEL_VARIABLE
+    before = os.environ.get(MODEL_VARIABLE)
+    if grid.rank == odd:
+        os.environ[MODEL_VARIABLE] = "/nonexistent/machine.json"
+    try:
+        DistributedRealSHT(grid, NLAT, NLON).forward(numpy.zeros(grid.local_shape(NLAT, NLON)))
+    finally:
+        if before is None:
+            os.environ.pop(MODEL_VARIABLE, None)
+        else:
+            os.environ[MODEL_VARIABLE] = before
+
+
+def machine_model_missing_on_the_last_rank(comm, grid, me):
+    _machine_model_missing(grid, _last(comm))
+
+
+def machine_model_missing_on_rank_0(comm, grid, me):
+    _machine_model_missing(grid, 0)
+
+
 def disco_tile_on_the_last_rank(comm, grid, me):
     """The last rank passes one row too many to a DISCO convolution."""
     from mpisphere import DiscoConvS2
@@ -680,7 +704,7 @@ def resample_dtype_on_the_last_rank(comm, grid, me):
 CASES = [chunk_width, batch_gather_from, batch_reduce_from, batch_transpose, batch_halo, batch_sht,
          dtype_gather_from, dtype_copy_to_adjoint, out_shape, out_dtype, out_read_only, other_operator,
          disco_tile_on_the_last_rank, disco_weight_on_the_last_rank, spectral_convolution_whole_field_on_the_last_rank,
-         resample_dtype_on_the_last_rank,
+         resample_dtype_on_the_last_rank, machine_model_missing_on_the_last_rank, machine_model_missing_on_rank_0,
          other_extent, sht_lmax, halo_wider_than_neighbour, halo_tile_widths, grid_dims, grid_invalid_dims,
          debug_on_one_rank, two_threads_on_one_grid,
          # issue 24

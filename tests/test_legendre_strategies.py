@@ -269,3 +269,18 @@ def test_a_machine_model_file_is_read_and_checked(grid, tmp_path, monkeypatch):
     with raises(ValueError, match="not a machine model written by 'python -m mpisphere calibrate"):
         DistributedRealSHT(grid, 17, 32)
 
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("where", ["last", "first"])
+def test_a_machine_model_missing_on_one_rank_raises_on_every_rank_at_construction(grid, tmp_path, monkeypatch, where):
+    """Reading the model is part of building the transform: one finding on every rank (it hung the others in the
+    first forward)."""
+    from mpisphere.sht.strategies.machine import MODEL_VARIABLE
+    odd = grid.size - 1 if where == "last" else 0
+    if grid.rank == odd:
+        monkeypatch.setenv(MODEL_VARIABLE, str(tmp_path / "no-such-model.json"))
+    else:
+        monkeypatch.delenv(MODEL_VARIABLE, raising=False)
+    with raises(ValueError, match=f"rank {odd}.*not a machine model written by 'python -m mpisphere calibrate"):
+        DistributedRealSHT(grid, 17, 32)
+    DistributedRealSHT(grid, 17, 32, legendre="transpose")   # a named strategy reads no model

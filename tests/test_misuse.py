@@ -45,6 +45,12 @@ EXPECTED = {
                       r"rank's tile belongs"),
     "resample_dtype_on_the_last_rank": ("TypeError", r"^ResampleS2.forward: rank {last} of {size}: expected float64, "
                                                      r"got float32"),
+    "machine_model_missing_on_the_last_rank": ("ValueError", r"^DistributedRealSHT: rank {last} of {size}: "
+                                                             r"MPISPHERE_MACHINE_MODEL='/nonexistent/machine\.json': "
+                                                             r"not a machine model written by"),
+    "machine_model_missing_on_rank_0": ("ValueError", r"^DistributedRealSHT: rank 0 of {size}: "
+                                                      r"MPISPHERE_MACHINE_MODEL='/nonexistent/machine\.json': not a "
+                                                      r"machine model written by"),
     "chunk_width": ("ValueError", r"^GatherFrom.forward: rank {last} of {size}: expected 3 entries along axis -1"),
     "batch_gather_from": ("ValueError", r"^GatherFrom.forward: the {size} ranks disagree on what they are about to "
                                         r"do: input: {most} shape \(2, '\*'\) float64 on host, rank 1 shape \(3, "

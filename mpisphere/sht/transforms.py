@@ -164,7 +164,12 @@ class Transform(LinearOperator):
         self._auto = legendre == "auto"
         self.strategy, self.legendre_reason = self._resolve_legendre(legendre, max_table_bytes)
         self.legendre = self.strategy.name
-        self.machine = MachineModel.load() if self._auto else None
+        # reading the machine model is part of building the transform: a file missing or corrupt on some rank is
+        # one finding on every rank (raised there alone, it left the others waiting in the first call)
+        call, self.machine = Call(grid.cart, who), None
+        with call.local():
+            self.machine = MachineModel.load() if self._auto else None
+        call.agree()
         self._choices = backend.BoundedCache(16)  # each batch's strategy and why, by (batch, device, machine)
         others = costs.batch_candidates(self.strategy)[1:] if self._auto else ()
         if others:
