@@ -349,7 +349,9 @@ class HaloExchange(LinearOperator):
         notes). Any halo exchange of the same grid and widths can use it.
         The memory is a window of ``MPI_Win_allocate_shared`` (one per call:
         on each rank its tile and its two column blocks) and lives until
-        ``grid.free()``; the array must not be used after that.
+        ``grid.free()``, or, where the program still holds the array then,
+        until the process ends (the array stays readable; no halo call can
+        use it once the grid is freed).
         Collective over ``grid.cart``: every rank calls it with the same
         ``lead`` and ``dtype``, or every rank raises.
         """
@@ -362,6 +364,7 @@ class HaloExchange(LinearOperator):
 
     def _allocate(self, what, lead, dtype, fill):
         who = f"{self._label}.{what}"
+        _check_grid(self.grid, who)   # freed together on every rank (free agrees): the same error everywhere
         call = Call(self.grid.cart, who)
         shape = dtype_str = None
         with call.local():

@@ -29,6 +29,7 @@ before the header or the acknowledgement that announces them.
 
 import math
 import os
+import sys
 
 import numpy
 
@@ -86,6 +87,7 @@ class NodeMemory:
         self.acks[...] = 0
         self._their_acks = {}
         self.freed = False
+        self.kept = []   # windows left mapped at free() because the program still held their arrays
 
     def on_node(self, cart_rank):
         """Whether grid rank ``cart_rank`` shares this node's memory."""
@@ -172,17 +174,29 @@ class NodeMemory:
             watch.idle(set(waiting), {dest for dest, _ in slots} - set(waiting))
 
     def free(self):
-        """Free every window and the node communicator (collective over ``grid.cart``)."""
+        """Free the windows and the node communicator (collective over ``grid.cart``).
+
+        A window whose array is still referenced on some rank of the node (a tile from ``zeros()`` the program
+        still holds) is not freed: its memory stays mapped until the process ends, so reading or writing that
+        array afterwards touches memory that is still there (freeing it made such a read a segmentation fault
+        on every rank). Which windows are kept is agreed over the node (``MPI_Win_free`` is collective there).
+        """
         if self.freed:
             return
         self.freed = True
-        for record in self.records:
-            collectives.free_window(record.window)
-        collectives.free_window(self.control)
-        collectives.free_comm(self.node)
-        for record in self.records:
+        for record in self.records:   # the planned copies hold views of the arrays: not the program's
             record.theirs.clear()
             record.copies.clear()
+        # held elsewhere: more references than the record's own and getrefcount's argument
+        held = numpy.array([int(sys.getrefcount(record.array) > 2) for record in self.records], dtype=numpy.int64)
+        if held.size:
+            collectives.allreduce_max_ints(self.node, held)
+        self.kept = [record for record, keep in zip(self.records, held) if keep]
+        for record, keep in zip(self.records, held):
+            if not keep:
+                collectives.free_window(record.window)
+        collectives.free_window(self.control)
+        collectives.free_comm(self.node)
         self.records, self._by_id, self._their_acks = [], {}, {}
 
 
