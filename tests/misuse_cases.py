@@ -540,6 +540,20 @@ def save_not_finite_on_the_last_rank(comm, grid, me):
     swe.save(f"{_folder(comm)}/ck", u)
 
 
+def save_allow_nonfinite_on_the_last_rank(comm, grid, me):
+    """``allow_nonfinite=True`` on the last rank only, the state finite: the flag is named."""
+    swe = _solver(grid)
+    swe.save(f"{_folder(comm)}/ck", swe.random_initial_condition(), allow_nonfinite=me == _last(comm))
+
+
+def save_allow_nonfinite_on_rank_0_not_finite(comm, grid, me):
+    """``allow_nonfinite=True`` on rank 0 only, and the state blown up everywhere: the refusal is named."""
+    swe = _solver(grid)
+    u = swe.random_initial_condition()
+    u[0].flat[0] = numpy.nan
+    swe.save(f"{_folder(comm)}/ck", u, allow_nonfinite=me == 0)
+
+
 def laplacian_radius_zero_on_the_last_rank(comm, grid, me):
     calculus.laplacian(DistributedRealSHT(grid, NLAT, NLON), 0.0 if me == _last(comm) else 1.0)
 
@@ -721,6 +735,7 @@ CASES = [chunk_width, batch_gather_from, batch_reduce_from, batch_transpose, bat
          set_attrs_values_on_the_last_rank, set_attrs_in_another_key_order_on_the_last_rank,
          write_attrs_in_another_key_order_on_the_last_rank, leapfrog_history_ahead_on_the_last_rank,
          history_malformed_on_the_last_rank, state_not_finite_on_the_last_rank, save_not_finite_on_the_last_rank,
+         save_allow_nonfinite_on_the_last_rank, save_allow_nonfinite_on_rank_0_not_finite,
          laplacian_radius_zero_on_the_last_rank, laplacian_radius_huge_on_the_last_rank,
          hyperdiffusion_negative_dt_on_the_last_rank,
          # issue 40

@@ -209,6 +209,13 @@ EXPECTED = {
                                                                 r"the state is not finite at step 0 \(geopotential\)"),
     "save_not_finite_on_the_last_rank": ("FloatingPointError", r"^ShallowWaterSolver.save\(.*\): rank {last} of "
                                                                r"{size}: the state \(or its history\) is not finite"),
+    "save_allow_nonfinite_on_the_last_rank": ("ValueError", r"^ShallowWaterSolver.save\(.*\): the {size} ranks "
+                                                            r"disagree on what they are about to do: allow_nonfinite: "
+                                                            r"{first} false, rank {last} true\n  fix: pass the same "
+                                                            r"allow_nonfinite on every rank"),
+    "save_allow_nonfinite_on_rank_0_not_finite": ("FloatingPointError", r"^ShallowWaterSolver.save\(.*\): {others} of "
+                                                                        r"{size}: the state \(or its history\) is not "
+                                                                        r"finite: refused.*allow_nonfinite=True"),
     "laplacian_radius_zero_on_the_last_rank": ("ValueError", r"^laplacian: rank {last} of {size}: radius must be a "
                                                              r"finite number > 0, got 0.0$"),
     "laplacian_radius_huge_on_the_last_rank": ("ValueError", r"^inverse_laplacian: rank {last} of {size}: "

@@ -523,15 +523,16 @@ class ShallowWaterSolver(Described):
         """
         who = f"ShallowWaterSolver.save({str(path)!r})"
         self._check_history(history, who, uspec)
-        if not allow_nonfinite:
-            arrays = [uspec] + list(getattr(history, "tendencies", {}).values()) + \
-                [a for a in [getattr(history, "previous", None)] if a is not None]
-            call = Call(self.grid.cart, who)
-            if not all(numpy.isfinite(a).all() for a in arrays):
-                call.fail("the state (or its history) is not finite: refused, so that a blown-up run does not "
-                          "replace the last good checkpoint (allow_nonfinite=True writes it anyway)",
-                          FloatingPointError)
-            call.agree()
+        # the flag is agreed with the state's check: given on one rank only, every rank names it (it left the
+        # ranks in different calls, which they could only call a disagreement)
+        arrays = [uspec] + list(getattr(history, "tendencies", {}).values()) + \
+            [a for a in [getattr(history, "previous", None)] if a is not None]
+        call = Call(self.grid.cart, who)
+        if not allow_nonfinite and not all(numpy.isfinite(a).all() for a in arrays):
+            call.fail("the state (or its history) is not finite: refused, so that a blown-up run does not "
+                      "replace the last good checkpoint (allow_nonfinite=True writes it anyway)",
+                      FloatingPointError)
+        call.agree(allow_nonfinite=bool(allow_nonfinite))
         history = self.new_history() if history is None else history
         steps = sorted(getattr(history, "tendencies", {}), reverse=True)
         previous = getattr(history, "previous", None)
