@@ -131,6 +131,29 @@ def test_non_contiguous_tile(grid, rng):
     numpy.testing.assert_array_equal(padded, expected_tile(grid, field, 1, 1))
 
 
+@pytest.mark.mpi(min_size=4)
+@pytest.mark.also_at(4)
+@pytest.mark.parametrize("mistake", ["own", "mismatch"])
+def test_a_mistake_reaches_the_diagonal_rank_with_its_class_and_its_rank(comm, mistake):
+    """On 2 x 2 the last rank's mistake reaches rank 0 only through a neighbour: rank 0 names the last rank, and
+    every rank raises the same class (the mistake's own: TypeError for a dtype no halo moves; a mismatch of
+    dtypes between neighbours, ValueError)."""
+    from mpisphere import ProcessGrid
+    if comm.Get_size() != 4:
+        pytest.skip("the 2 x 2 grid: four ranks")
+    last = comm.Get_size() - 1
+    with ProcessGrid(comm, 2, 2) as grid:
+        halo = HaloExchange(grid, 1, 1, extents=(8, 16))
+        h, w = grid.local_shape(8, 16)
+        odd = numpy.int8 if mistake == "own" else numpy.float32
+        padded = numpy.zeros((2, h + 2, w + 2), odd if grid.rank == last else numpy.float64)
+        kind = TypeError if mistake == "own" else ValueError
+        with pytest.raises(kind) as caught:
+            halo.update(padded)
+        if grid.rank == 0:
+            assert f"at rank {last}" in str(caught.value), str(caught.value)
+
+
 @pytest.mark.mpi(min_size=6)
 def test_corners_on_a_3x2_grid(comm):
     """Each corner block is the diagonal neighbour's data (periodic in longitude, zero past the poles)."""

@@ -13,6 +13,14 @@ HEADER = 12  # int64 words in front of the data of every message of a neighbour 
 HEADER_BYTES = 8 * HEADER  # 96: the data after it stays aligned for any dtype
 _MAGIC = 0x6D7368616C6F  # "mshalo": a neighbour round's message, not something else that happened to arrive
 _OWN_ERROR, _POISONED, _SHARED = 1, 2, 4
+# the exception class of the mistake behind a failed round travels in the flags word (bits 8-15), its rank in the
+# last header word, so that every rank the failure reaches raises the same class and names the same rank
+_KINDS = (ValueError, TypeError, RuntimeError, FloatingPointError, MemoryError, OSError)
+_KIND_SHIFT = 8
+
+
+def _kind_code(kind):
+    return (_KINDS.index(kind) if kind in _KINDS else 0) + 1
 DETAILS_TAG = 0x6D74  # the full descriptions of a failed round, exchanged between the pairs that did not fit
 
 
@@ -128,6 +136,8 @@ class NeighbourRound:
         self.problems = []          # ((source, tag), text) of the messages this rank cannot use
         self.mismatched = set()     # sources whose own records did not fit with this rank's (for details)
         self.poisoned = error is not None  # the data this rank would send next is not complete
+        # (rank, exception class) of the mistake behind this round's failure, as far as this rank knows it
+        self.culprit = (comm.Get_rank(), error.kind) if error is not None else None
         self._flush = error is not None    # send everything at once: waiting could close a cycle
         self._pending = list(expected)     # messages not received yet
         self._received = set()
@@ -155,7 +165,15 @@ class NeighbourRound:
         header[5] = nbytes
         if location is not None:
             header[8:11] = location
+        if self.poisoned and self.culprit is not None:
+            header[1] |= _kind_code(self.culprit[1]) << _KIND_SHIFT
+            header[11] = self.culprit[0] + 1
         return header
+
+    def _learn_culprit(self, rank, code):
+        """Keep the first mistake this rank hears of: ``rank`` and its exception class (``code``, 0: unknown)."""
+        if self.culprit is None:
+            self.culprit = (int(rank), _KINDS[code - 1] if 0 < code <= len(_KINDS) else ValueError)
 
     def send(self, dest, tag, message, *, shared=None, request=None):
         """Send ``message`` (a buffer from :func:`message_buffer`, or ``None``) to ``dest`` with ``tag``.
@@ -257,18 +275,26 @@ class NeighbourRound:
         elif header[1] & _OWN_ERROR:
             problem = "has an input it cannot use"
             self.mismatched.add(source)
+            self._learn_culprit(source, int(header[1]) >> _KIND_SHIFT)
         elif self.error is not None:
             self.mismatched.add(source)
         elif header[2] != self.code:
             problem = "is not making the same call (another operator, parameters, direction, batch shape or dtype)"
             self.mismatched.add(source)
             self._other_call.add(key)
+            self._learn_culprit(source, _kind_code(ValueError))
         else:
             problem = self.fits(header, source, tag)  # before the poisoned flag: both sides of a pair see it
             if problem is not None:
                 self.mismatched.add(source)
+                self._learn_culprit(source, _kind_code(ValueError))
             elif header[1] & _POISONED:
-                problem = "could not complete its own exchange (a mistake in its neighbourhood)"
+                if header[11] > 0:
+                    self._learn_culprit(int(header[11]) - 1, int(header[1]) >> _KIND_SHIFT)
+                    problem = (f"could not complete its own exchange (a mistake in its neighbourhood, at rank "
+                               f"{int(header[11]) - 1})")
+                else:
+                    problem = "could not complete its own exchange (a mistake in its neighbourhood)"
             else:
                 target = self._targets.get(key)
                 expected = HEADER_BYTES if target is None else int(target.size)

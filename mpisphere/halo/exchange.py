@@ -470,7 +470,9 @@ class HaloExchange(LinearOperator):
             shown = "" if not details else " [" + " | ".join(
                 [f"this rank: {cause(text)}"] + [f"rank {r}: {cause(e) if e else d}" for r, (e, d) in details.items()]
             ) + "]"
-            raise (error.kind if error is not None else ValueError)(
+            # one class on every rank the failure reaches: the mistake's own (a mismatch is a ValueError)
+            kind = error.kind if error is not None else round_.culprit[1] if round_.culprit else ValueError
+            raise kind(
                 f"{who}: rank {g.rank} of {g.size} (polar {g.polar_rank}, azimuth {g.azimuth_rank}) cannot "
                 "exchange its halo: " + "; ".join(lines) + shown + "".join(f"\n{line}" for line in after))
 
