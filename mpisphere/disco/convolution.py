@@ -189,9 +189,6 @@ class _DiscoBase(LinearOperator):
         self._weight = numpy.array(host, dtype=self.dtype)
         self.out_channels = host.shape[0]
         self.in_channels = host.shape[1] * self.groups
-        self._weight = numpy.array(host, dtype=self.dtype)
-        self.out_channels = host.shape[0]
-        self.in_channels = host.shape[1] * self.groups
         g, og, cg, K = self.groups, self.out_channels // self.groups, host.shape[1], self.basis.kernel_size
         per_kernel = self._weight.reshape(g, og, cg, K).transpose(0, 3, 1, 2)   # (g, K, og, cg)
         mixing = []
