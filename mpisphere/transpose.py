@@ -294,7 +294,7 @@ class Transpose(CommunicatorOperator):
         key = (direction, tuple(x.shape), x.dtype.str, backend.is_device_array(x))
         return self._plans.get(key, lambda: _TransposePlan(self, tuple(x.shape), numpy.dtype(x.dtype),
                                                            split_axis % x.ndim, gather_axis % x.ndim, s_sizes,
-                                                           g_sizes, self._pool or BufferPool()))
+                                                           g_sizes, BufferPool() if self._pool is None else self._pool))
 
     def _reserve(self, direction, x, out):
         if self.size > 1 and not backend.is_device_array(x):  # (device sets differ when staged: made in the call)
