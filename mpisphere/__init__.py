@@ -56,6 +56,8 @@ _PUBLIC = {
     "DistributedInverseRealVectorSHT": "sht",
     "RingGeometry": "rings",
     "RingTiles": "ring_tiles",
+    "Tiling": "tiling",
+    "RegularTiling": "tiling",
     "DistributedReducedRealSHT": "sht",
     "DistributedInverseReducedRealSHT": "sht",
     "DistributedReducedRealVectorSHT": "sht",

@@ -22,7 +22,8 @@ from . import backend, collectives, cuda_aware, dtypes
 from .agreement import REFUSED, Call, CallGuard, InputError, collective, raise_everywhere
 from .agreement.stall import ExitNotice
 from .launch import world_mismatch
-from .partition import chunk_slice, offsets_of, split_sizes
+from .partition import split_sizes
+from .tiling import RegularTiling, gather_parts, scatter_parts
 from .validation import check_choice, check_int
 
 __all__ = ["ProcessGrid", "GridComm", "ORDERS", "check_tile"]
@@ -310,14 +311,23 @@ class ProcessGrid:
         """Longitudes held by each azimuth rank (``split_sizes(nlon, nazimuth)``)."""
         return split_sizes(self._check_extents(self.npolar, nlon, "lon_sizes")[1], self.nazimuth)
 
+    def tiling(self, nlat, nlon):
+        """The :class:`~mpisphere.RegularTiling` of a regular ``(nlat, nlon)`` field on this grid.
+
+        It says which tile each rank holds (``local_shape``, ``slices``) and
+        moves whole fields of those extents (``scatter``, ``gather``), as
+        :class:`~mpisphere.RingTiles` does for the rings of a reduced grid.
+        Does not communicate.
+        """
+        return RegularTiling(self, nlat, nlon)
+
     def tile_slices(self, nlat, nlon, rank=None):
         """``(lat_slice, lon_slice)`` of grid rank ``rank``'s tile (default: this rank)."""
         nlat, nlon = self._check_extents(nlat, nlon, "tile_slices")
         rank = self.rank if rank is None else check_int(rank, "rank", "ProcessGrid.tile_slices")
         if not 0 <= rank < self.size:
             raise ValueError(f"ProcessGrid.tile_slices: rank {rank} out of range for {self.size} ranks")
-        p, a = divmod(rank, self.nazimuth)
-        return chunk_slice(nlat, self.npolar, p), chunk_slice(nlon, self.nazimuth, a)
+        return self.tiling(nlat, nlon).slices(rank)
 
     def local_slices(self, nlat, nlon):
         """``(lat_slice, lon_slice)`` of this rank's tile of a ``(nlat, nlon)`` field."""
@@ -409,27 +419,7 @@ class ProcessGrid:
         call.agree(root=root)
         meta = (tuple(field.shape), numpy.dtype(field.dtype).str) if self.rank == root else None
         shape, dtype = call.share(meta, root=root)
-        lead, nlat, nlon = shape[:-2], shape[-2], shape[-1]
-        xp = backend.array_module(field) if backend.is_array(field) else numpy
-        h, w = self.local_shape(nlat, nlon)
-        counts, displs, send, tile = [], [], None, None
-        # allocate before the data moves: a failure on one rank raises on all
-        with call.local(f"allocating a tile of {lead + (h, w)} {numpy.dtype(dtype)}"):
-            tile = xp.empty(lead + (h, w), dtype=dtype)
-            if self.rank == root:
-                send = xp.empty(field.size, dtype=dtype)
-                start = 0
-                for r in range(self.size):
-                    lat, lon = self.tile_slices(nlat, nlon, r)
-                    block = field[..., lat, lon]
-                    send[start:start + block.size].reshape(block.shape)[...] = block
-                    counts.append(block.size)
-                    displs.append(start)
-                    start += block.size
-        call.agree(shape=shape, dtype=numpy.dtype(dtype).name)
-        collectives.scatterv(self.cart, send, counts, displs, tile.reshape(-1), root=root,
-                             staged=backend.is_device_array(tile) and not self.cuda_aware[0])
-        return tile
+        return scatter_parts(RegularTiling(self, shape[-2], shape[-1]), call, field, shape, dtype, root)
 
     def _check_field(self, field, root):
         """Root's own checks of the field it scatters (an InputError)."""
@@ -498,27 +488,7 @@ class ProcessGrid:
                           UserWarning, stacklevel=4)
         everyone = collectives.allgather_object(self.cart, (tuple(tile.shape), numpy.dtype(tile.dtype).str))
         shape = self._fit_tiles(everyone)
-        lead, nlat, nlon = shape[:-2], shape[-2], shape[-1]
-        dtype = everyone[0][1]
-        xp = backend.array_module(tile)
-        counts = [int(numpy.prod(s)) for s, _ in everyone]
-        displs = offsets_of(counts)
-        recv = field = None
-        # allocate before the data moves: a failure on one rank raises on all
-        with call.local(f"allocating the gathered field {shape} {numpy.dtype(dtype).name}"):
-            tile = xp.ascontiguousarray(tile)
-            if self.rank == root:
-                recv = xp.empty(sum(counts), dtype=dtype)
-                field = xp.empty(lead + (nlat, nlon), dtype=dtype)
-        call.agree(shape=shape, dtype=numpy.dtype(dtype).name)
-        collectives.gatherv(self.cart, tile.reshape(-1), recv, counts, displs, root=root,
-                            staged=backend.is_device_array(tile) and not self.cuda_aware[0])
-        if self.rank != root:
-            return None
-        for r in range(self.size):
-            lat, lon = self.tile_slices(nlat, nlon, r)
-            field[..., lat, lon] = recv[displs[r]:displs[r] + counts[r]].reshape(everyone[r][0])
-        return field
+        return gather_parts(RegularTiling(self, shape[-2], shape[-1]), call, tile, root)
 
     @contextlib.contextmanager
     def holding(self, who):

@@ -10,15 +10,14 @@ and each ring's longitudes over the azimuth ranks
 
 import numpy
 
-from . import backend, collectives, dtypes
-from .agreement import Call, InputError, collective
 from .partition import offsets_of, split_offsets, split_sizes
 from .rings import RingGeometry, balanced_ring_split
+from .tiling import Tiling
 
 __all__ = ["RingTiles"]
 
 
-class RingTiles:
+class RingTiles(Tiling):
     """The points of a ring grid that every rank of a process grid holds.
 
     Parameters
@@ -43,7 +42,9 @@ class RingTiles:
     Notes
     -----
     Building it does not communicate (every rank computes the same split);
-    :meth:`scatter` and :meth:`gather` are collective over ``grid.cart``.
+    :meth:`~mpisphere.tiling.Tiling.scatter` and
+    :meth:`~mpisphere.tiling.Tiling.gather` (a whole field ``(..., npoints)``)
+    are collective over ``grid.cart``.
     """
 
     def __init__(self, grid, rings):
@@ -62,6 +63,20 @@ class RingTiles:
                                    for j in self.local_rings], dtype=numpy.int64)
         self.offsets = numpy.asarray(offsets_of(self.counts.tolist()) + [int(self.counts.sum())], dtype=numpy.int64)
         self.npoints = int(self.offsets[-1])
+        self.whole, self.name = (int(rings.npoints),), rings.name
+
+    def local_shape(self, rank=None):
+        """``(npoints,)`` of grid rank ``rank`` (default: this rank)."""
+        if rank is None:
+            return (self.npoints,)
+        polar, azimuth = divmod(rank, self.grid.nazimuth)
+        return (sum(split_sizes(int(self.rings.nlon[j]), self.grid.nazimuth)[azimuth] for j in self.rings_of(polar)),)
+
+    def piece(self, field, rank):
+        return field[..., self.point_indices(rank)]
+
+    def place(self, field, rank, part):
+        field[..., self.point_indices(rank)] = part
 
     def rings_of(self, polar_rank):
         """Global indices of the rings polar rank ``polar_rank`` holds."""
@@ -99,80 +114,9 @@ class RingTiles:
     def __repr__(self):
         return f"RingTiles({self.rings!r}, grid {self.grid.npolar} x {self.grid.nazimuth})"
 
-    # --- whole fields ----------------------------------------------------------------------------
+    def _whole_problem(self, field, root):
+        return (f"root {root}'s field has {field.shape[-1]} points in its last axis, {self.rings.name} has "
+                f"{self.rings.npoints}")
 
-    @collective
-    def scatter(self, field, root=0):
-        """This rank's points of the whole field ``(..., npoints)`` held on ``root`` (collective).
-
-        ``field`` is ignored on the other ranks (pass ``None``). Returns
-        ``(..., self.npoints)``, C-contiguous.
-        """
-        grid = self.grid
-        call = Call(grid.cart, "RingTiles.scatter")
-        with call.local():
-            root = grid._check_root(root, "scatter")
-            if grid.rank == root:
-                if not backend.is_array(field) or field.ndim < 1:
-                    raise InputError(f"root {root} must pass an array, got {type(field).__name__}", TypeError)
-                if dtypes.refusal(field.dtype, "moved"):
-                    raise InputError(f"root {root}'s field: {dtypes.refusal(field.dtype, 'moved')}", TypeError)
-                if field.shape[-1] != self.rings.npoints:
-                    raise InputError(f"root {root}'s field has {field.shape[-1]} points in its last axis, "
-                                     f"{self.rings.name} has {self.rings.npoints}")
-        call.agree(root=root)
-        meta = (tuple(field.shape), numpy.dtype(field.dtype).str) if grid.rank == root else None
-        shape, dtype = call.share(meta, root=root)
-        lead = shape[:-1]
-        xp = backend.array_module(field) if backend.is_array(field) else numpy
-        send = counts = displs = None
-        with call.local(f"allocating {lead + (self.npoints,)} {numpy.dtype(dtype)}"):
-            part = xp.empty(lead + (self.npoints,), dtype=dtype)
-            if grid.rank == root:
-                pieces = [field[..., self.point_indices(r)] for r in range(grid.size)]
-                counts = [int(p.size) for p in pieces]
-                displs = offsets_of(counts)
-                send = xp.concatenate([p.reshape(-1) for p in pieces])
-        call.agree(shape=shape, dtype=numpy.dtype(dtype).name)
-        collectives.scatterv(grid.cart, send, counts, displs, part.reshape(-1), root=root,
-                             staged=backend.is_device_array(part) and not grid.cuda_aware[0])
-        return part
-
-    @collective
-    def gather(self, part, root=0):
-        """The whole field ``(..., npoints)`` on ``root`` from every rank's ``(..., self.npoints)`` (collective).
-
-        Returns ``None`` on the other ranks.
-        """
-        grid = self.grid
-        call = Call(grid.cart, "RingTiles.gather")
-        with call.local():
-            root = grid._check_root(root, "gather")
-            if not backend.is_array(part) or part.ndim < 1 or part.shape[-1] != self.npoints:
-                raise InputError(f"expected this rank's points (..., {self.npoints}) of {self.rings.name}, got "
-                                 f"{type(part).__name__} {getattr(part, 'shape', '')}".rstrip(),
-                                 ValueError if backend.is_array(part) else TypeError)
-            if dtypes.refusal(part.dtype, "moved"):
-                raise InputError(dtypes.refusal(part.dtype, "moved"), TypeError)
-        # a rank whose part failed its checks has no shape to compare: its finding is what the others meet
-        held = None if call.error is not None else (list(part.shape[:-1]), numpy.dtype(part.dtype).name)
-        call.agree(root=root, part=held)
-        xp = backend.array_module(part)
-        lead = tuple(part.shape[:-1])
-        indices = [self.point_indices(r) for r in range(grid.size)] if grid.rank == root else None
-        counts = [int(numpy.prod(lead, dtype=numpy.int64)) * len(i) for i in indices] if indices else None
-        displs = offsets_of(counts) if counts else None
-        recv = field = None
-        with call.local(f"allocating the gathered field {lead + (self.rings.npoints,)}"):
-            part = xp.ascontiguousarray(part)
-            if grid.rank == root:
-                recv = xp.empty(sum(counts), dtype=part.dtype)
-                field = xp.empty(lead + (self.rings.npoints,), dtype=part.dtype)
-        call.agree()
-        collectives.gatherv(grid.cart, part.reshape(-1), recv, counts, displs, root=root,
-                            staged=backend.is_device_array(part) and not grid.cuda_aware[0])
-        if grid.rank != root:
-            return None
-        for r, index in enumerate(indices):
-            field[..., index] = recv[displs[r]:displs[r] + counts[r]].reshape(lead + (len(index),))
-        return field
+    def _part_name(self):
+        return f"points (..., {self.npoints}) of {self.rings.name}"
