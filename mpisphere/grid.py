@@ -20,6 +20,7 @@ from mpi4py import MPI
 
 from . import backend, collectives, cuda_aware, dtypes
 from .agreement import REFUSED, Call, CallGuard, InputError, collective, raise_everywhere
+from .agreement.failures import Failures, begin_call, raise_noted_failure
 from .agreement.stall import ExitNotice
 from .launch import world_mismatch
 from .partition import split_sizes
@@ -56,6 +57,7 @@ class GridComm(MPI.Cartcomm):
         wrapped.space = wrapped if space is None else space
         wrapped.guard = guard
         wrapped.agreements = 0   # this communicator's agreements so far (stall notes say which one they are about)
+        wrapped.failures = Failures(wrapped) if space is None else None  # on the whole grid's communicator
         wrapped.Set_name(name)
         return wrapped
 
@@ -505,10 +507,15 @@ class ProcessGrid:
             raise_everywhere(self.cart, who, InputError(REFUSED, RuntimeError))
         if not self.guard.enter(refusal):
             raise RuntimeError(f"{who}: {REFUSED} on this rank; the other ranks raise too when that call ends")
+        completed = False
+        if self.guard.outermost:
+            begin_call(self.cart)
         try:
             yield
+            completed = True
         finally:
-            self.guard.leave()
+            if self.guard.leave() and completed and not self._freed:
+                raise_noted_failure(self.cart, who)  # a halo call that failed elsewhere (agreement.failures)
 
     def _fit_tiles(self, everyone):
         """Global shape from all ranks' ``(shape, dtype)``; ValueError (same on all ranks) if they do not fit."""
@@ -584,9 +591,14 @@ class ProcessGrid:
         if self._freed:
             return
         if not MPI.Is_finalized():
+            # freeing ends the grid's calls: a halo call that failed elsewhere is not raised here (no rank can be
+            # left waiting in a later call on this grid)
+            self.cart.failures.free()
             Call(self.cart, "ProcessGrid.free").agree("ProcessGrid.free")
         self._freed = True
         self.exit_notice.cancel()
+        if not MPI.Is_finalized():
+            self.cart.failures.free()
         self.scratch.clear()
         if self.node_memory is not None:
             self.node_memory.free()

@@ -115,3 +115,16 @@ def message_sizes(monkeypatch):
 
     monkeypatch.setattr(NeighbourRound, "_post", spy)
     return sizes
+
+
+def await_failure_note(grid):
+    """Wait until a halo failure's note (mpisphere.agreement.failures) has reached this rank.
+
+    A rank the failure did not reach raises at the end of its first call that begins after the note arrived;
+    a test waits for it so that its verdict does not depend on how fast the note travels.
+    """
+    import time
+    from mpi4py import MPI
+    from mpisphere.agreement.failures import FAILURE_TAG
+    while not grid.cart.Iprobe(source=MPI.ANY_SOURCE, tag=FAILURE_TAG):
+        time.sleep(0.001)

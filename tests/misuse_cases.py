@@ -554,6 +554,32 @@ def save_allow_nonfinite_on_rank_0_not_finite(comm, grid, me):
     swe.save(f"{_folder(comm)}/ck", u, allow_nonfinite=me == 0)
 
 
+def _halo_then_next_call(comm, culprit, me):
+    """A column of ranks (``size x 1``): rank ``culprit`` passes a dtype no halo moves. The ranks next to it raise
+    in the call; the others return and must raise at the end of their next call, which a program that catches
+    makes on every rank (it completes: no rank waits)."""
+    from helpers import await_failure_note
+    with ProcessGrid(comm, comm.Get_size(), 1) as column:
+        halo = HaloExchange(column, 1, 1, extents=(4 * comm.Get_size(), 8))
+        h, w = column.local_shape(4 * comm.Get_size(), 8)
+        good = numpy.zeros((h + 2, w + 2))
+        try:
+            halo.update(good.astype(numpy.int8) if me == culprit else good)
+        except TypeError as first:
+            halo.update(good)  # the same next call as the others: it completes, and raises nothing more here
+            raise first
+        await_failure_note(column)  # the note is on its way: the verdict does not depend on its speed
+        halo.update(good)
+
+
+def halo_far_ranks_on_the_last_rank(comm, grid, me):
+    _halo_then_next_call(comm, _last(comm), me)
+
+
+def halo_far_ranks_on_rank_0(comm, grid, me):
+    _halo_then_next_call(comm, 0, me)
+
+
 def laplacian_radius_zero_on_the_last_rank(comm, grid, me):
     calculus.laplacian(DistributedRealSHT(grid, NLAT, NLON), 0.0 if me == _last(comm) else 1.0)
 
@@ -736,6 +762,7 @@ CASES = [chunk_width, batch_gather_from, batch_reduce_from, batch_transpose, bat
          write_attrs_in_another_key_order_on_the_last_rank, leapfrog_history_ahead_on_the_last_rank,
          history_malformed_on_the_last_rank, state_not_finite_on_the_last_rank, save_not_finite_on_the_last_rank,
          save_allow_nonfinite_on_the_last_rank, save_allow_nonfinite_on_rank_0_not_finite,
+         halo_far_ranks_on_the_last_rank, halo_far_ranks_on_rank_0,
          laplacian_radius_zero_on_the_last_rank, laplacian_radius_huge_on_the_last_rank,
          hyperdiffusion_negative_dt_on_the_last_rank,
          # issue 40

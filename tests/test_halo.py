@@ -9,7 +9,7 @@ from mpisphere import config, dottest
 from mpisphere.halo import HaloExchange, HaloReduce
 from mpisphere.quadrature import latitudes
 
-from helpers import message_sizes, raises, random_array, rank_rng, whole_message
+from helpers import await_failure_note, message_sizes, raises, random_array, rank_rng, whole_message
 
 pytestmark = pytest.mark.mpi
 
@@ -152,6 +152,76 @@ def test_a_mistake_reaches_the_diagonal_rank_with_its_class_and_its_rank(comm, m
             halo.update(padded)
         if grid.rank == 0:
             assert f"at rank {last}" in str(caught.value), str(caught.value)
+
+
+@pytest.mark.mpi(min_size=4)
+@pytest.mark.also_at(4)
+@pytest.mark.parametrize("then", ["halo", "collective"])
+def test_ranks_two_steps_from_a_mistake_raise_at_their_next_call(comm, then):
+    """On 4 x 1 the last rank's mistake does not reach rank 0 in the call: rank 0 returns its (correct) result,
+    and raises at its next call, halo or collective, with the mistake's class and rank, instead of going on
+    while the ranks near the mistake raised (the next collective would wait for them)."""
+    from mpisphere import ProcessGrid
+    if comm.Get_size() != 4:
+        pytest.skip("the 4 x 1 grid: four ranks")
+    last = comm.Get_size() - 1
+    with ProcessGrid(comm, 4, 1) as grid:
+        halo = HaloExchange(grid, 1, 1, extents=(12, 8))
+        h, w = grid.local_shape(12, 8)
+        padded = numpy.ones((h + 2, w + 2), numpy.int8 if grid.rank == last else numpy.float64)
+        raised = False
+        try:
+            halo.update(padded)
+        except TypeError as exc:
+            raised = True
+            assert f"rank {last}" in whole_message(exc)
+        assert raised == (grid.rank >= last - 1), "the ranks next to the mistake raise in the call itself"
+        if not raised:  # the note of the ranks that raised has been sent: wait for it (not a race of the test)
+            await_failure_note(grid)
+        good = numpy.ones((h + 2, w + 2))
+
+        def next_call():
+            return halo.update(good) if then == "halo" else grid.gather(good[1:-1, 1:-1])
+
+        if raised:  # the ranks that raised go on to the same call (a program that catches): it works, once
+            next_call()
+            return
+        with pytest.raises(TypeError) as caught:  # the call runs to its end (no rank waits), then raises
+            next_call()
+        text = whole_message(caught.value)
+        assert f"the mistake at rank {last}" in text and "returned normally on this rank" in text, text
+        assert (good[-1, 1:-1] == 1).all()  # a halo call that raised for an earlier one still filled its halo
+
+
+@pytest.mark.mpi(min_size=4)
+@pytest.mark.also_at(4)
+def test_after_a_failure_every_rank_raises_once_and_the_grid_goes_on(comm):
+    """A program that catches the halo's error goes on: every rank raises exactly once for the mistake (the far
+    ranks at the end of their next call), then the halo works again on every rank."""
+    from mpisphere import ProcessGrid
+    if comm.Get_size() != 4:
+        pytest.skip("the 4 x 1 grid: four ranks")
+    last = comm.Get_size() - 1
+    with ProcessGrid(comm, 4, 1) as grid:
+        halo = HaloExchange(grid, 1, 1, extents=(12, 8))
+        h, w = grid.local_shape(12, 8)
+        bad = numpy.ones((h + 2, w + 2), numpy.int8 if grid.rank == last else numpy.float64)
+        raised = 0
+        for step in range(4):
+            if step == 1 and raised == 0:
+                await_failure_note(grid)
+            try:
+                halo.update(bad if step == 0 else numpy.ones((h + 2, w + 2)))
+            except TypeError:
+                raised += 1
+        counts = comm.allgather(raised)
+        assert counts == [1] * comm.Get_size(), f"every rank raises once for the mistake: {counts}"
+        # the last two calls ran on every rank: the failure is behind the grid
+        padded = numpy.zeros((h + 2, w + 2))
+        padded[1:-1, 1:-1] = grid.rank + 1
+        halo.update(padded)
+        if grid.rank > 0:
+            assert (padded[0, 1:-1] == grid.rank).all()
 
 
 @pytest.mark.mpi(min_size=6)

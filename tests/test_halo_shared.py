@@ -13,7 +13,7 @@ from mpisphere import config
 from mpisphere.agreement import HEADER_BYTES
 from mpisphere.halo import HaloExchange
 
-from helpers import message_sizes, raises, random_array, rank_rng
+from helpers import await_failure_note, message_sizes, raises, random_array, rank_rng
 
 pytestmark = pytest.mark.mpi
 
@@ -166,7 +166,8 @@ def test_the_message_path_sets_up_its_sends_once(grid, monkeypatch):
 
 
 def test_a_mistake_next_to_a_shared_tile_raises_and_the_next_call_works(grid):
-    """Rank 1 passes another batch; its neighbours raise, the others return; then every rank exchanges again."""
+    """Rank 1 passes another batch; its neighbours raise, the others return and raise at the end of their next
+    call (which completes on every rank); then every rank exchanges again."""
     if grid.size < 2:
         pytest.skip("needs two ranks")
     halo = _halo(grid, 1, 1)
@@ -182,7 +183,15 @@ def test_a_mistake_next_to_a_shared_tile_raises_and_the_next_call_works(grid):
             halo.update(x)
     else:
         halo.update(x)
+        await_failure_note(grid)
     shared[...] = start  # every rank again: nothing of the failed call is left behind (messages, counters)
+    if grid.rank in near:
+        halo.update(shared)
+    else:  # the ranks the mistake did not reach raise at the end of their next call, which completes
+        with raises(ValueError, match=r"failed on rank \d+ \(the mistake at rank 1\) in an earlier call"):
+            halo.update(shared)
+    numpy.testing.assert_array_equal(shared, halo.update(start.copy()))
+    shared[...] = start  # and the call after that works on every rank
     numpy.testing.assert_array_equal(halo.update(shared), halo.update(start.copy()))
 
 

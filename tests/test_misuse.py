@@ -209,6 +209,11 @@ EXPECTED = {
                                                                 r"the state is not finite at step 0 \(geopotential\)"),
     "save_not_finite_on_the_last_rank": ("FloatingPointError", r"^ShallowWaterSolver.save\(.*\): rank {last} of "
                                                                r"{size}: the state \(or its history\) is not finite"),
+    # the ranks next to the mistake raise in the call, the others at the end of their next call, naming it
+    "halo_far_ranks_on_the_last_rank": ("TypeError", r"^HaloExchange.update: rank \d of {size}.*(cannot exchange its "
+                                        r"halo|failed on rank \d \(the mistake at rank {last}\) in an earlier call)"),
+    "halo_far_ranks_on_rank_0": ("TypeError", r"^HaloExchange.update: rank \d of {size}.*(cannot exchange its halo|"
+                                 r"failed on rank \d \(the mistake at rank 0\) in an earlier call)"),
     "save_allow_nonfinite_on_the_last_rank": ("ValueError", r"^ShallowWaterSolver.save\(.*\): the {size} ranks "
                                                             r"disagree on what they are about to do: allow_nonfinite: "
                                                             r"{first} false, rank {last} true\n  fix: pass the same "

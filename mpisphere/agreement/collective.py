@@ -55,7 +55,7 @@ def as_exception(who, errors, rank=None):
     return printed_once(cls(message), who, rank, reporter, f"{ranks_text(items[0][1])} of {size}: {items[0][0]}")
 
 
-def printed_once(exc, who, rank, reporter, cause):
+def printed_once(exc, who, rank, reporter, cause, everywhere=True):
     """``exc`` as raised on ``rank``: its whole message on ``reporter``, one line naming ``reporter`` elsewhere.
 
     Under ``mpiexec`` every rank's traceback reaches the terminal; the whole
@@ -63,6 +63,8 @@ def printed_once(exc, who, rank, reporter, cause):
     printed once. Every rank keeps it as ``exc.mpisphere_message``, and
     ``exc.mpisphere_reporter`` names the rank that prints it. ``rank=None``
     (one process, or a caller that prints nothing) keeps the whole message.
+    ``everywhere=False``: some ranks of the call return normally (a halo's
+    neighbourhood), so the exception is not marked :func:`agreed`.
     """
     exc.mpisphere_message = str(exc)
     exc.mpisphere_reporter = reporter
@@ -70,7 +72,7 @@ def printed_once(exc, who, rank, reporter, cause):
         line = " ".join(cause.split())
         line = line if len(line) <= 160 else line[:157] + "..."
         exc.args = (f"{who}: {line} [the whole message: rank {reporter}'s error]",)
-    return agreed(exc)
+    return agreed(exc) if everywhere else exc
 
 
 def agreed(exc):

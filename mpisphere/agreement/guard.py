@@ -42,18 +42,24 @@ class CallGuard:
             return False
 
     def leave(self):
+        """Leave the guard; True when the outermost call of the holding thread has left it."""
         while True:
             with self._state:
                 if self._depth > 1 or not self._refused:
                     self._depth -= 1
                     if self._depth == 0:
                         self._owner = None
-                    return
+                    return self._depth == 0
                 refusal = self._refused.pop(0)
             try:
                 refusal()
             except Exception:  # noqa: BLE001 -- the refused call has raised on its own rank already
                 pass
+
+    @property
+    def outermost(self):
+        """True while the holding thread is in its outermost call (not a call made inside another)."""
+        return self._depth == 1
 
     @property
     def held(self):

@@ -17,6 +17,7 @@ _OWN_ERROR, _POISONED, _SHARED = 1, 2, 4
 # last header word, so that every rank the failure reaches raises the same class and names the same rank
 _KINDS = (ValueError, TypeError, RuntimeError, FloatingPointError, MemoryError, OSError)
 _KIND_SHIFT = 8
+_CULPRIT_OWN = 1 << 16  # the culprit's mistake was its own input (not a pair of calls that do not match)
 
 
 def _kind_code(kind):
@@ -137,7 +138,9 @@ class NeighbourRound:
         self.mismatched = set()     # sources whose own records did not fit with this rank's (for details)
         self.poisoned = error is not None  # the data this rank would send next is not complete
         # (rank, exception class) of the mistake behind this round's failure, as far as this rank knows it
-        self.culprit = (comm.Get_rank(), error.kind) if error is not None else None
+        # (rank, exception class, whether the mistake is the culprit's own input) of the mistake behind this
+        # round's failure, as far as this rank knows it
+        self.culprit = (comm.Get_rank(), error.kind, True) if error is not None else None
         self._flush = error is not None    # send everything at once: waiting could close a cycle
         self._pending = list(expected)     # messages not received yet
         self._received = set()
@@ -166,14 +169,16 @@ class NeighbourRound:
         if location is not None:
             header[8:11] = location
         if self.poisoned and self.culprit is not None:
-            header[1] |= _kind_code(self.culprit[1]) << _KIND_SHIFT
+            header[1] |= (_kind_code(self.culprit[1]) << _KIND_SHIFT) | (_CULPRIT_OWN if self.culprit[2] else 0)
             header[11] = self.culprit[0] + 1
         return header
 
-    def _learn_culprit(self, rank, code):
-        """Keep the first mistake this rank hears of: ``rank`` and its exception class (``code``, 0: unknown)."""
+    def _learn_culprit(self, rank, code, own=False):
+        """Keep the first mistake this rank hears of: ``rank``, its exception class (``code``, 0: unknown) and
+        whether it was ``rank``'s own input."""
         if self.culprit is None:
-            self.culprit = (int(rank), _KINDS[code - 1] if 0 < code <= len(_KINDS) else ValueError)
+            self.culprit = (int(rank), _KINDS[(code & 0xFF) - 1] if 0 < (code & 0xFF) <= len(_KINDS) else ValueError,
+                            bool(own))
 
     def send(self, dest, tag, message, *, shared=None, request=None):
         """Send ``message`` (a buffer from :func:`message_buffer`, or ``None``) to ``dest`` with ``tag``.
@@ -275,7 +280,7 @@ class NeighbourRound:
         elif header[1] & _OWN_ERROR:
             problem = "has an input it cannot use"
             self.mismatched.add(source)
-            self._learn_culprit(source, int(header[1]) >> _KIND_SHIFT)
+            self._learn_culprit(source, int(header[1]) >> _KIND_SHIFT, own=True)
         elif self.error is not None:
             self.mismatched.add(source)
         elif header[2] != self.code:
@@ -290,7 +295,8 @@ class NeighbourRound:
                 self._learn_culprit(source, _kind_code(ValueError))
             elif header[1] & _POISONED:
                 if header[11] > 0:
-                    self._learn_culprit(int(header[11]) - 1, int(header[1]) >> _KIND_SHIFT)
+                    self._learn_culprit(int(header[11]) - 1, int(header[1]) >> _KIND_SHIFT,
+                                        own=bool(header[1] & _CULPRIT_OWN))
                     problem = (f"could not complete its own exchange (a mistake in its neighbourhood, at rank "
                                f"{int(header[11]) - 1})")
                 else:

@@ -94,6 +94,7 @@ import numpy
 from .. import backend, dtypes
 from ..agreement import REFUSED, Call, Context, InputError, NeighbourRound, Spec, agree, agree_construction, \
     call_description, cause_first, collective, raise_everywhere
+from ..agreement.collective import printed_once
 from ..operators import ADJOINT, DISTRIBUTED, FORWARD, AdjointOperator, Layout, LinearOperator
 from ..settings import config
 from ..validation import check_choice, check_int
@@ -450,6 +451,7 @@ class HaloExchange(LinearOperator):
                                 workspace=self._workspace, pattern=int(records),
                                 optional={(rank, tag + RECORD): 1 for tag, rank in receives.items()},
                                 acknowledge=acknowledge)
+        number = g.cart.failures.next_round()
         every = [(rank, tag) for tag, rank in sends.items()]
         every += [(rank, tag + RECORD) for tag, rank in sends.items()] if records else []
 
@@ -472,9 +474,21 @@ class HaloExchange(LinearOperator):
             ) + "]"
             # one class on every rank the failure reaches: the mistake's own (a mismatch is a ValueError)
             kind = error.kind if error is not None else round_.culprit[1] if round_.culprit else ValueError
-            raise kind(
-                f"{who}: rank {g.rank} of {g.size} (polar {g.polar_rank}, azimuth {g.azimuth_rank}) cannot "
-                "exchange its halo: " + "; ".join(lines) + shown + "".join(f"\n{line}" for line in after))
+            culprit = round_.culprit[0] if round_.culprit else None
+            cause = f"rank {g.rank} of {g.size} (polar {g.polar_rank}, azimuth {g.azimuth_rank}) cannot exchange " \
+                    "its halo: " + "; ".join(lines)
+            own = bool(round_.culprit and round_.culprit[2])
+            g.cart.failures.announce(number, who, culprit, kind, cause, own)  # the ranks farther away raise next
+            exc = kind(f"{who}: {cause}{shown}" + "".join(f"\n{line}" for line in after))
+            # each rank's message is its own view (its neighbours); where the mistake is one rank's own input, that
+            # rank prints its message in full and the others one line naming it (a pair of calls that do not
+            # match has no one culprit: each rank prints its own)
+            if error is None and round_.culprit and round_.culprit[2]:
+                brief = f"rank {g.rank} of {g.size} cannot exchange its halo: the mistake at rank {culprit} " \
+                        "reached it through its neighbours"
+                raise printed_once(exc, who, g.rank, culprit, brief, everywhere=False)
+            exc.mpisphere_message, exc.mpisphere_reporter = str(exc), None
+            raise exc
 
         return round_, finish
 

@@ -12,6 +12,7 @@ from mpi4py import MPI
 from .. import backend
 from ..agreement import (REFUSED, CallGuard, Context, Described, InputError, Spec, agree, description_of,
                         raise_everywhere)
+from ..agreement.failures import begin_call, raise_noted_failure
 from .abilities import Abilities
 from .layout import ADJOINT, FORWARD, Layout, check_out
 
@@ -220,15 +221,20 @@ class LinearOperator(Described):
         guard = self._guard()
         if not guard.enter(lambda: self._refuse(comm, who, description, spec, signature)):
             raise RuntimeError(f"{who}: {REFUSED} on this rank; the other ranks raise too when that call ends")
+        completed = False
+        if guard.outermost:
+            begin_call(comm)
         try:
             context = self._agreement(comm, who, error, description, spec, signature)
             try:
                 (runner or self._run)(direction, x, out, context)
             except InputError as exc:  # a finding is raised as the exception it names, never as itself
                 raise exc.kind(f"{who}: {exc.text}") from None
+            completed = True
             return out
         finally:
-            guard.leave()
+            if guard.leave() and completed:
+                raise_noted_failure(comm, who)  # a halo call that failed elsewhere (agreement.failures)
 
     def _run(self, direction, x, out, context):
         """Do the work into ``out`` (already checked and agreed). Default: the simple protocol."""
