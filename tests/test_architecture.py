@@ -289,8 +289,10 @@ def unmarked_collective_methods(path):
 
 # classes whose public methods communicate as part of a call agreed elsewhere: the protocol's own machinery, a
 # transpose in flight (agreed when it was started; wait() and test() complete it), and the halo's two links and
-# node memory (parts of an exchange's call, or of its allocation through HaloExchange.zeros)
-AGREED_ELSEWHERE = {"agreement.call", "agreement.neighbours", "agreement.stall", "transpose.Exchange",
+# node memory (parts of an exchange's call, or of its allocation through HaloExchange.zeros), and the failure notes
+# (point-to-point notes sent and read inside the calls whose end they raise at)
+AGREED_ELSEWHERE = {"agreement.call", "agreement.neighbours", "agreement.stall", "agreement.failures",
+                    "transpose.Exchange",
                     "halo.plan.MessagePlan", "halo.shared.NodeMemory", "halo.shared.SharedLink"}
 
 
