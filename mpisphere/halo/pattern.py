@@ -57,7 +57,27 @@ class HaloPattern:
         self.rows, self.cols = rows, cols
         self.sends, self.receives = _neighbours(grid)
         self.ring = cols > 0 and grid.nazimuth == 1
+        self.npolar, self.nazimuth = grid.npolar, grid.nazimuth
         self._phases = {}
+
+    def width_error(self, min_h, min_w, lat_detail, lon_detail, whose):
+        """Why the widths do not fit tiles of at least ``min_h`` rows and ``min_w`` columns, or ``None``.
+
+        The exchange reaches only the immediate neighbours; ``whose`` names the tiles in the message
+        ("the smallest", "this rank's"), the details say how they were split.
+        """
+        if self.npolar > 1 and self.rows > min_h:
+            return (f"a halo of {self.rows} rows is wider than {whose} polar tile ({min_h} rows; {lat_detail}); "
+                    f"the exchange reaches only the immediate neighbours, so use at most {min_h} halo rows, "
+                    "fewer polar ranks or more latitudes")
+        if self.cols > min_w:
+            if self.nazimuth == 1:
+                return (f"a halo of {self.cols} columns is wider than the whole ring of {min_w} longitudes; "
+                        f"use at most {min_w} halo columns")
+            return (f"a halo of {self.cols} columns is wider than {whose} azimuth tile ({min_w} columns; "
+                    f"{lon_detail}); the exchange reaches only the immediate neighbours, so use at most "
+                    f"{min_w} halo columns, fewer azimuth ranks or more longitudes")
+        return None
 
     def phases(self, h, w, gather):
         """The moves of a ``h`` x ``w`` tile, one list per phase, in the order they run."""

@@ -33,9 +33,11 @@ import sys
 
 import numpy
 
-from .. import collectives
+from .. import collectives, dtypes
+from ..agreement import Call
 from ..agreement.stall import Watch
-from .pattern import TAGS
+from ..validation import check_int
+from .pattern import TAGS, TO_EAST, TO_WEST
 from .plan import add_between, add_runs, copier, copy_runs, unpacker
 
 __all__ = ["NodeMemory", "SharedArray", "SharedLink"]
@@ -288,3 +290,49 @@ class SharedLink:
         if gather:
             return copier(P, region, theirs, block)
         return lambda: add_between(P, region, theirs, block, workspace)
+
+
+def allocate_padded(grid, pattern, tile, who, lead, dtype, fill):
+    """A padded tile ``lead + (h + 2 rows, w + 2 cols)`` of ``dtype`` in memory shared on the node (collective).
+
+    ``HaloExchange.zeros`` / ``empty``: agrees ``lead`` and ``dtype`` over
+    ``grid.cart`` (a finding on one rank raises on every rank), sets up the
+    grid's ``NodeMemory`` on first use, and allocates one window with room
+    behind the tile for the column blocks this rank sends (``fill``: zeroed).
+    """
+    rows, cols = pattern.rows, pattern.cols
+    call = Call(grid.cart, who)
+    shape = dtype_str = None
+    with call.local():
+        if tile is None:
+            raise TypeError("a halo without extents does not know this rank's tile; build it with "
+                            "extents=(nlat, nlon) to allocate from it")
+        lead = (lead,) if isinstance(lead, (int, numpy.integer)) and not isinstance(lead, bool) else lead
+        if not isinstance(lead, (tuple, list)):
+            raise TypeError(f"lead must be an int or a tuple of ints, got {type(lead).__name__}")
+        try:
+            lead = tuple(check_int(n, "lead", who, minimum=0) for n in lead)
+        except (TypeError, ValueError) as exc:  # the call adds who and which rank
+            raise type(exc)(str(exc).removeprefix(f"{who}: ")) from None
+        dtype = numpy.dtype(dtype)
+        problem = dtypes.refusal(dtype, "moved")
+        if problem:
+            raise TypeError(problem)
+        h, w = tile
+        shape, dtype_str = lead + (h + 2 * rows, w + 2 * cols), dtype.str
+    call.agree(lead=None if shape is None else list(shape[:-2]), dtype=dtype_str)
+    memory = grid.node_memory
+    if memory is None:
+        with call.local("cannot set up memory shared on the node"):
+            memory = NodeMemory(grid.cart)
+        call.agree()
+        grid.node_memory = memory
+    record = None
+    h, c = tile[0], cols
+    staging = [(tag, shape[:-2] + (h, c)) for tag in (TO_EAST, TO_WEST) if c and tag in pattern.sends]
+    with call.local(f"cannot allocate {shape} {dtype.name} in memory shared on the node"):
+        record = memory.allocate(shape, dtype, staging)
+    call.agree()
+    if fill:
+        record.array[...] = 0
+    return record.array
