@@ -503,6 +503,9 @@ class ProcessGrid:
         and on every other rank when the running call ends. ``who`` names
         the call in the error.
         """
+        if self._freed and who != "ProcessGrid.free":  # free() is agreed: every rank raises this (free twice: a no-op)
+            raise RuntimeError(f"{who}: the grid was freed (grid.free()); make a new ProcessGrid")
+
         def refusal():
             raise_everywhere(self.cart, who, InputError(REFUSED, RuntimeError))
         if not self.guard.enter(refusal):

@@ -49,3 +49,56 @@ def test_a_shared_tile_outlives_its_grid_and_calls_on_a_freed_grid_raise(ranks):
         pytest.fail(f"no end within 120 s:\n{exc.stdout}\n{exc.stderr}")
     assert done.returncode == 0, done.stdout + done.stderr
     assert all(f"rank {r}: ok" in done.stdout for r in range(ranks)), done.stdout + done.stderr
+
+
+SWEEP = textwrap.dedent("""
+    import numpy
+    from mpi4py import MPI
+    import mpisphere as ms
+    from mpisphere.io import FieldStore
+    grid = ms.ProcessGrid(MPI.COMM_WORLD, 1, MPI.COMM_WORLD.size)
+    nlat, nlon = 16, 32
+    sht = ms.DistributedRealSHT(grid, nlat, nlon)
+    halo = ms.HaloExchange(grid, 1, 1, extents=(nlat, nlon))
+    rings = ms.RingGeometry.octahedral(4)
+    tiles = ms.RingTiles(grid, rings)
+    x = numpy.zeros(grid.local_shape(nlat, nlon))
+    grid.free()
+    calls = {
+        "scatter": lambda: grid.scatter(numpy.zeros((nlat, nlon))),
+        "gather": lambda: grid.gather(x),
+        "tiling": lambda: grid.tiling(nlat, nlon).gather(x),
+        "check_tile": lambda: grid.check_tile(nlat, nlon, *grid.local_slices(nlat, nlon)),
+        "dup": lambda: grid.dup(),
+        "sht": lambda: sht.forward(x),
+        "halo": lambda: halo.forward(x),
+        "new sht": lambda: ms.DistributedRealSHT(grid, nlat, nlon),
+        "new halo": lambda: ms.HaloExchange(grid, 1, 1, extents=(nlat, nlon)),
+        "rings": lambda: tiles.scatter(numpy.zeros(rings.npoints)),
+        "interpolation": lambda: ms.PointInterpolation(grid, nlat, nlon, numpy.zeros(3), numpy.zeros(3)),
+        "store": lambda: FieldStore("unused-store", grid, "r"),
+    }
+    for name, call in calls.items():
+        try:
+            call()
+        except RuntimeError as exc:
+            assert "free" in str(exc), f"{name}: {exc}"
+        else:
+            raise AssertionError(f"{name} on a freed grid did not raise")
+    grid.free()  # twice: nothing to do
+    print(f"rank {MPI.COMM_WORLD.rank}: ok")
+""")
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_every_call_on_a_freed_grid_raises_that_it_was_freed(ranks, tmp_path):
+    """Methods of the grid, operators built before, new operators, rings, interpolation, the store: each raises
+    RuntimeError naming the free (the same on every rank: free() is agreed), none reaches MPI's null communicator."""
+    command = mpiexec_command() + ["-n", str(ranks), sys.executable, "-c", SWEEP]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                              env=dict(os.environ, OMP_NUM_THREADS="1"), start_new_session=True)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"no end within 120 s:\n{exc.stdout}\n{exc.stderr}")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert all(f"rank {r}: ok" in done.stdout for r in range(ranks)), done.stdout + done.stderr

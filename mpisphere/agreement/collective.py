@@ -342,5 +342,7 @@ def agree_construction(obj, comm, who=None, error=None):
     """
     who = who or (getattr(obj, "name", None) if isinstance(getattr(obj, "name", None), str)
                   else type(obj).__name__)
+    if comm == MPI.COMM_NULL:  # a freed grid's communicator (free() is agreed: the same on every rank)
+        raise RuntimeError(f"{who}: the grid was freed (grid.free()); build it on a live grid")
     settle(comm, who, error, description_of(obj),
            mismatch="built it from different arguments")
