@@ -504,7 +504,8 @@ class ProcessGrid:
         the call in the error.
         """
         if self._freed and who != "ProcessGrid.free":  # free() is agreed: every rank raises this (free twice: a no-op)
-            raise RuntimeError(f"{who}: the grid was freed (grid.free()); make a new ProcessGrid")
+            raise RuntimeError(f"ProcessGrid: used after free(); its communicators no longer exist ({who} on a grid "
+                               "that was freed: make a new ProcessGrid)")
 
         def refusal():
             raise_everywhere(self.cart, who, InputError(REFUSED, RuntimeError))
