@@ -127,12 +127,22 @@ def reports_of(output, rank):
     return [head + block.split("likely causes")[0] for block in output.split(head)[1:]]
 
 
-def test_a_second_report_is_about_the_second_wait_only():
+@pytest.mark.parametrize("ranks", [3, 4])
+def test_a_second_report_is_about_the_second_wait_only(ranks):
     """Notes left over from the first stall (read by nobody: the late rank did not wait) do not count as
-    waiting ranks in the second: the late rank of the second call is named as not arrived."""
-    code, output = launch("late_rank_changes", report="0.5", deadline="30")
+    waiting ranks in the second: the late rank of the second call is named as not arrived. At 4 ranks too, where
+    two ranks wait in both calls (each must list the others waiting in the same call, not in another)."""
+    code, output = launch("late_rank_changes", ranks=ranks, report="0.5", deadline="30")
     assert code == 0, output
-    last = reports_of(output, 2)   # late in the first call, waiting in the second
-    assert len(last) == 1 and "waiting in it too: ranks 1, 2" in last[0] and "not arrived: rank 0" in last[0], output
-    middle = reports_of(output, 1)  # waits in both
-    assert len(middle) == 2 and "not arrived: rank 2" in middle[0] and "not arrived: rank 0" in middle[1], output
+    last = ranks - 1
+    waiting = "ranks 1, 2" if ranks == 3 else "ranks 1-3"
+    reports = reports_of(output, last)   # late in the first call, waiting in the second
+    assert len(reports) == 1 and f"waiting in it too: {waiting}" in reports[0] \
+        and "not arrived: rank 0" in reports[0] and "waits in another call" not in reports[0], output
+    for middle in range(1, last):  # wait in both
+        reports = reports_of(output, middle)
+        assert len(reports) == 2 and f"not arrived: rank {last}" in reports[0] and "not arrived: rank 0" in \
+            reports[1], output
+        assert f"waiting in it too: {'ranks 0-2' if ranks == 4 else 'ranks 0, 1'}" in reports[0], output
+        assert f"waiting in it too: {waiting}" in reports[1], output
+        assert not any("waits in another call" in report for report in reports), output
