@@ -125,7 +125,7 @@ def message_copies(halo, padded):
     """The copies of one message-path ``update`` without MPI: pack and unpack each block, the ring, the poles."""
     from mpisphere.halo.plan import copy_runs
     h, w = padded.shape[-2] - 2 * halo.rows, padded.shape[-1] - 2 * halo.cols
-    plan = halo._message_plan(padded)
+    plan = halo._call.message_plan(padded)
     pattern = halo.pattern
     phases = pattern.phases(h, w, gather=True)
 
@@ -246,7 +246,7 @@ def bench_case(grid, args, batch, width):
             print(f"{row['grid']:>4} {batch:3d} fields  width {width}  {name:36s} {row['median_ms']:8.3f} ms "
                   f"[{row['min_ms']:7.3f}..{row['max_ms']:7.3f}]  x{row['ratio_raw']:5.2f} raw{extra}", flush=True)
     if has_shared:
-        message_bytes = 2 * sum(buf.nbytes for _, buf in halo._message_plan(plain).outgoing.values()
+        message_bytes = 2 * sum(buf.nbytes for _, buf in halo._call.message_plan(plain).outgoing.values()
                                 if buf is not None)
         staged_bytes = sum(block.nbytes for _, block in grid.node_memory.find(shared).staging.values())
         for row in rows:

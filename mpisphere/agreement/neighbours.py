@@ -97,6 +97,8 @@ class NeighbourRound:
         reads it. Called exactly once for every such message received,
         whether its data was used or dropped: by the caller through
         :meth:`acknowledge` after reading, by the round otherwise.
+    code : int, optional
+        ``digest(description)``, when the caller keeps it from call to call.
 
     Notes
     -----
@@ -123,11 +125,11 @@ class NeighbourRound:
     """
 
     def __init__(self, comm, who, description, tile, error, expected, fits, order=0, staged=False,
-                 workspace=None, pattern=0, optional=None, acknowledge=None):
+                 workspace=None, pattern=0, optional=None, acknowledge=None, code=None):
         self.comm, self.who, self.fits = comm, who, fits
         self.description = description
         self.error = error
-        self.code = digest(description)
+        self.code = digest(description) if code is None else code  # a caller may keep it from call to call
         self.tile = (int(tile[0]), int(tile[1]))
         self.order = int(order)
         # messages that only some calls send: {(source, tag): bit of ``pattern``}; the source's headers say which

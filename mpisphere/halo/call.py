@@ -39,8 +39,10 @@ runs a call from them:
   the same values are copied, and the same sums made in the same order.
 """
 
+import numpy
+
 from .. import backend
-from ..agreement import NeighbourRound, Spec, call_description, cause_first
+from ..agreement import NeighbourRound, Spec, call_description, cause_first, digest
 from ..agreement.collective import printed_once
 from ..operators import FORWARD
 from ..settings import config
@@ -72,6 +74,17 @@ class HaloCall:
         self.rows, self.cols, self.extents = rows, cols, extents
         self.workspace, self.link, self.describe, self.name = workspace, link, describe, name
         self.plans = backend.BoundedCache(4, drop=MessagePlan.free)
+        self._codes = backend.BoundedCache(8)  # description -> its digest (the header's word 2)
+        # the messages of every call, the same whatever the tile: received, sent, sent only without extents
+        sends, receives = pattern.sends, pattern.receives
+        records = extents is None  # without extents, the tiles are checked in a round of records first
+        expected = [(rank, tag) for tag, rank in receives.items()]
+        every = [(rank, tag) for tag, rank in sends.items()]
+        if records:
+            expected += [(rank, tag + RECORD) for tag, rank in receives.items()]
+            every += [(rank, tag + RECORD) for tag, rank in sends.items()]
+        self._messages = (records, tuple(expected), tuple(every),
+                          {(rank, tag + RECORD): 1 for tag, rank in receives.items()})
 
     def round(self, who, description, error, tile, staged, order):
         """A :class:`NeighbourRound` for one call, and the function that ends it (raises on a problem).
@@ -79,12 +92,8 @@ class HaloCall:
         The function takes the number of the call when this rank left
         blocks in shared memory: it waits for their acknowledgements first.
         """
-        sends, receives = self.pattern.sends, self.pattern.receives
         g = self.grid
-        records = self.extents is None  # without extents, the tiles are checked in a round of records first
-        expected = [(rank, tag) for tag, rank in receives.items()]
-        if records:
-            expected += [(rank, tag + RECORD) for tag, rank in receives.items()]
+        records, expected, every, optional = self._messages
 
         def fits(header, source, tag):
             (ha, wa), (hb, wb) = tile, (int(header[3]), int(header[4]))
@@ -104,12 +113,9 @@ class HaloCall:
         acknowledge = None if memory is None else (lambda source, tag, where: memory.acknowledge(source, tag, where[1]))
         text = description if description is not None else f"{self.describe()} (refused)"
         round_ = NeighbourRound(g.cart, who, text, tile, error, expected, fits, order=order, staged=staged,
-                                workspace=self.workspace, pattern=int(records),
-                                optional={(rank, tag + RECORD): 1 for tag, rank in receives.items()},
-                                acknowledge=acknowledge)
+                                workspace=self.workspace, pattern=int(records), optional=optional,
+                                acknowledge=acknowledge, code=self._codes.get(text, lambda: digest(text)))
         number = g.cart.failures.next_round()
-        every = [(rank, tag) for tag, rank in sends.items()]
-        every += [(rank, tag + RECORD) for tag, rank in sends.items()] if records else []
 
         def finish(sequence=None):
             problems = round_.finish(every)
@@ -209,7 +215,11 @@ class HaloCall:
                 out[...] = P[..., r:r + h, c:c + w]
 
     def message_plan(self, P):
-        key = (tuple(P.shape), P.dtype.str, backend.is_device_array(P), getattr(getattr(P, "device", None), "id", None))
+        if type(P) is numpy.ndarray:  # the common case, keyed without asking the backend
+            key = (P.shape, P.dtype.str, False, None)
+        else:
+            key = (tuple(P.shape), P.dtype.str, backend.is_device_array(P),
+                   getattr(getattr(P, "device", None), "id", None))
         h, w = P.shape[-2] - 2 * self.rows, P.shape[-1] - 2 * self.cols
         return self.plans.get(key, lambda: MessagePlan(P, self.pattern, h, w, self.grid.cart)).claim(P)
 

@@ -184,6 +184,7 @@ class HaloExchange(LinearOperator):
         else:
             self.boundary = ZeroPoles(grid, self.rows)
         self._workspace = backend.Workspace()
+        self._checked = backend.BoundedCache(8)  # (direction, in place, input spec) -> (output spec, description)
         self._call = HaloCall(grid, self.pattern, self.boundary, self.rows, self.cols, self.extents, self._workspace,
                               SharedLink(self.pattern, self.rows, self.cols, self._workspace), self._describe,
                               self.name)
@@ -240,14 +241,21 @@ class HaloExchange(LinearOperator):
         return tile
 
     def _output(self, direction, spec):
+        # the checks depend on the input's spec alone: a model calling its halo step after step checks once
+        return self._checked.get((direction, False, spec), lambda: self._check(direction, spec))
+
+    def _output_in_place(self, direction, spec):
+        return self._checked.get((direction, True, spec), lambda: self._check_in_place(spec))
+
+    def _check_in_place(self, spec):
+        self._tile_of(spec, True)
+        return spec, spec.describe((-2, -1))
+
+    def _check(self, direction, spec):
         h, w = self._tile_of(spec, direction == ADJOINT)
         if direction == FORWARD:
             return spec.but(shape=spec.shape[:-2] + (h + 2 * self.rows, w + 2 * self.cols)), spec.describe((-2, -1))
         return spec.but(shape=spec.shape[:-2] + (h, w)), spec.describe((-2, -1))
-
-    def _output_in_place(self, direction, spec):
-        self._tile_of(spec, True)
-        return spec, spec.describe((-2, -1))
 
     def _reserve(self, direction, x, out):
         self._call.message_plan(out if direction == FORWARD else x)
