@@ -7,17 +7,18 @@ regular transforms, ``(..., l_loc, m_loc)``, degrees over ``grid.polar``
 and orders over ``grid.azimuth`` in either order layout. The stages::
 
     analysis                                   synthesis
-    1. RingFourier: whole rings over the       1. degrees whole (polar transpose or Allgatherv)
-       azimuth ranks, one FFT per ring length,  2. Legendre synthesis at the rings' latitudes
-       each order from the frequency it         3. latitudes split (polar transpose)
-       aliases to (mmax orders)                 4. orders whole (azimuth transpose)
-    2. orders split (azimuth transpose)         5. RingFourier: each order onto the frequency
-    3. rings whole (polar transpose, the           it aliases to, one inverse FFT per length,
-       ranks' rings as they hold them)             points back to their azimuth ranks
-    4. Legendre contraction (weights 2 pi w_j)
-    5. degrees split (polar transpose or Reduce_scatter)
+    1. whole rings over the azimuth ranks      1. degrees whole (polar transpose or Allgatherv)
+       (azimuth transpose, per-rank counts)    2. Legendre synthesis at the rings' latitudes
+    2. RingFourier: one FFT per ring length,   3. latitudes split (polar transpose)
+       each order from the frequency it        4. orders whole (azimuth transpose)
+       aliases to (mmax orders)                5. RingFourier: each order onto the frequency
+    3. orders split (azimuth transpose)           it aliases to, one inverse FFT per length
+    4. rings whole (polar transpose, the       6. points back to their azimuth ranks
+       ranks' rings as they hold them)            (the transpose of step 1, reversed)
+    5. Legendre contraction (weights 2 pi w_j)
+    6. degrees split (polar transpose or Reduce_scatter)
 
-Steps 2-5 are the regular transform's, the three Legendre strategies
+Steps 3-6 are the regular transform's, the three Legendre strategies
 included; only the latitudes (the rings'), their split over the polar ranks
 (balanced by points) and the Fourier step differ. The analysis weighs ring
 ``j`` by ``2 pi w_j / nlon_j`` (the quadrature weight of each of its
@@ -38,7 +39,7 @@ from ..transpose import Transpose
 from .fourier import Truncation
 from .orders import order_permutation
 from .pipeline import Pipeline
-from .ring_fourier import RingFourier
+from .ring_fourier import RingFourier, ring_transpose
 from .transforms import Transform
 from .vector import DistributedInverseRealVectorSHT, DistributedRealVectorSHT
 
@@ -95,6 +96,7 @@ class _OnRings(Transform):
         g = self.grid
         tables = self.tables if record is self.strategy else None
         legendre = record.stage(self._legendre_request(), tables)
+        rings = ring_transpose(self.tiles, batch)
         fourier = RingFourier(self.tiles, batch, self._components, self.mmax, self.dtype, self._synthesis,
                               self._layout, self.fft)
         permutation = order_permutation(self._assignment)
@@ -109,11 +111,11 @@ class _OnRings(Transform):
             degrees = ReduceScatter(g.polar, 2, self.lmax)
         extra = self._degree_stages()
         if not self._synthesis:
-            stages = [fourier, *reorder, orders, *polar, legendre, *extra, degrees]
+            stages = [rings, fourier, *reorder, orders, *polar, legendre, *extra, degrees]
             spec = Spec((batch, self._components) + self.tile_shape, self.dtype, False)
         else:
             stages = [degrees.H, *extra, legendre.H, *[t.H for t in polar], orders.H, *[r.H for r in reorder],
-                      fourier]
+                      fourier, rings.H]
             spec = Spec((batch, self._components) + self.block_shape, self.cdtype, False)
         return Pipeline(stages, spec, workspace)
 

@@ -1,13 +1,16 @@
 """The Fourier side of a transform on a ring grid: whole rings from the azimuth ranks, one real FFT per ring length.
 
-``RingFourier`` replaces the first three stages of a regular
-transform's analysis (azimuth transpose, real FFT, truncation) and the last
-three of its synthesis. Its analysis ``forward`` maps this rank's points
-``(B, C, npoints)`` (its share of each of its rings) to the orders of its
-rings for its share of the batch, ``(B_a, C, h, mmax)``, complex:
+On a ring grid the azimuth transpose, the real FFT and the truncation of a
+regular transform's analysis become two stages: :func:`ring_transpose`, a
+:class:`~mpisphere.Transpose` over ``grid.azimuth`` that gives every rank
+whole rings for its chunk of the batch (the points axis gathered with each
+azimuth rank's own count of points, the batch split), and ``RingFourier``,
+a stage that does not communicate. Its analysis ``forward`` maps the
+gathered points ``(B_a, C, npoints_whole)`` (azimuth rank after azimuth
+rank, as the transpose lays them) to the orders of this rank's rings,
+``(B_a, C, h, mmax)``, complex:
 
-1. an ``Alltoallv`` over ``grid.azimuth`` (per-ring counts: each rank sends
-   a chunk of the batch of all its points) gives every rank whole rings;
+1. the points are put ring after ring (one ``take``);
 2. the rings of equal length are taken together, one batched real FFT per
    length (``rfft / nlon_j``);
 3. each order ``m < mmax`` reads the frequency it aliases to on a ring of
@@ -18,8 +21,9 @@ The synthesis ``forward`` is the reverse: each order's term
 ``c exp(i m phi) + conj`` is added onto the frequency it aliases to (twice
 onto the real frequencies 0 and ``n / 2``), so the ring holds the exact
 values of the band-limited field at its points, as ducc0's synthesis does;
-then one unnormalised inverse FFT per length and the reverse
-``Alltoallv``. Both adjoints are the steps' adjoints in reverse.
+then one unnormalised inverse FFT per length, the points put back azimuth
+rank after azimuth rank, and the transpose's adjoint. Both adjoints are the
+steps' adjoints in reverse.
 
 Why aliasing rather than zeroing the orders a ring cannot resolve: the
 synthesis must give the field's values at the points (zeroing them would
@@ -33,13 +37,30 @@ reduced) the aliased terms are small: the polar rings are short where
 
 import numpy
 
-from .. import backend, collectives, dtypes
+from .. import backend, dtypes
 from ..operators import FORWARD, InputError
 from ..partition import offsets_of, split_offsets, split_sizes
+from ..transpose import Transpose
 from .fourier import FourierStage
 from .pipeline import LocalStage
 
-__all__ = ["RingFourier", "aliased_frequency"]
+__all__ = ["RingFourier", "aliased_frequency", "ring_transpose"]
+
+
+def points_per_azimuth_rank(tiles):
+    """How many points of this rank's rings each azimuth rank holds (the same rings: one polar rank)."""
+    grid, nlon = tiles.grid, tiles.rings.nlon[tiles.local_rings]
+    return tuple(sum(split_sizes(int(n), grid.nazimuth)[q] for n in nlon) for q in range(grid.nazimuth))
+
+
+def ring_transpose(tiles, batch):
+    """The azimuth transpose of a ring grid: ``(B, C, npoints)`` -> ``(B_a, C, npoints_whole)``, whole rings.
+
+    The batch is split over ``grid.azimuth`` (``split_sizes``), the points
+    gathered: every azimuth rank's points of this rank's rings, azimuth rank
+    after azimuth rank (``RingFourier`` puts them ring after ring).
+    """
+    return Transpose(tiles.grid.azimuth, axes=(0, 2), extents=(batch, points_per_azimuth_rank(tiles)))
 
 
 def aliased_frequency(n, mmax):
@@ -108,7 +129,7 @@ class _Group:
 
 
 class RingFourier(LocalStage):
-    """Points of this rank's rings to their orders (analysis) or back (synthesis), over ``grid.azimuth``.
+    """Whole rings to their orders (analysis) or back (synthesis), after (before) :func:`ring_transpose`.
 
     Parameters
     ----------
@@ -129,26 +150,24 @@ class RingFourier(LocalStage):
 
     Notes
     -----
-    Shapes: points ``(batch, components, npoints)`` real, orders
-    ``(B_a, components, h, mmax)`` complex, ``B_a`` this azimuth rank's
-    :func:`~mpisphere.split_sizes` chunk of the batch, ``h`` this rank's
-    rings. Communicates on ``grid.azimuth`` (one ``Alltoallv`` per call);
-    it runs inside a transform, which checked and agreed for it.
+    Shapes: whole rings ``(B_a, components, npoints_whole)`` real (every
+    azimuth rank's points of these rings, azimuth rank after azimuth rank),
+    orders ``(B_a, components, h, mmax)`` complex, ``B_a`` this azimuth
+    rank's :func:`~mpisphere.split_sizes` chunk of the batch, ``h`` this
+    rank's rings. Does not communicate; it runs inside a transform, which
+    checked and agreed for it.
     """
 
     def __init__(self, tiles, batch, components, mmax, dtype, synthesis, layout, fft="numpy"):
         super().__init__(layout)
         grid, rings = tiles.grid, tiles.rings
-        self.comm, self.size, self.rank = grid.azimuth, grid.nazimuth, grid.azimuth_rank
-        self.batch, self.components, self.mmax, self.synthesis = batch, components, mmax, synthesis
+        self.size, self.rank = grid.nazimuth, grid.azimuth_rank
+        self.components, self.mmax, self.synthesis = components, mmax, synthesis
         self.real = numpy.dtype(dtype)
         self.complex = dtypes.complex_of(self.real)
-        self.npoints, self.h = tiles.npoints, len(tiles.local_rings)
-        self.batch_sizes = split_sizes(batch, self.size)
-        self.batch_offsets = split_offsets(batch, self.size)
+        self.h = len(tiles.local_rings)
+        self.own = split_sizes(batch, self.size)[self.rank]  # this azimuth rank's chunk of the batch
         nlon = rings.nlon[tiles.local_rings]
-        # every azimuth rank's points of these rings (the same rings: one polar rank)
-        self.points_of = [sum(split_sizes(int(n), self.size)[q] for n in nlon) for q in range(self.size)]
         # the whole-ring row: this rank's whole rings, ring after ring; the rings of one length form a group
         position = numpy.asarray(offsets_of(nlon.tolist()), dtype=numpy.int64)
         self.whole = int(nlon.sum())
@@ -158,11 +177,14 @@ class RingFourier(LocalStage):
             rows = numpy.flatnonzero(nlon == n)
             self.groups.append(_Group(n, rows, position[rows], mmax, phi0[rows], self.real, self.complex,
                                       synthesis, layout, fft))
-        # where each azimuth rank's points go in the whole-ring row (None: they are the row, on one azimuth rank)
-        self.places = [None] if self.size == 1 else [
-            numpy.concatenate([position[i] + split_offsets(int(n), self.size)[q]
-                               + numpy.arange(split_sizes(int(n), self.size)[q]) for i, n in enumerate(nlon)])
-            for q in range(self.size)]
+        # the gathered points (azimuth rank after azimuth rank) ring after ring: whole = gathered[..., ring_major];
+        # back: gathered = whole[..., rank_major]. None on one azimuth rank, where the two orders are one
+        self.ring_major = self.rank_major = None
+        if self.size > 1:
+            self.rank_major = numpy.concatenate([
+                position[i] + split_offsets(int(n), self.size)[q] + numpy.arange(split_sizes(int(n), self.size)[q])
+                for q in range(self.size) for i, n in enumerate(nlon)])
+            self.ring_major = numpy.argsort(self.rank_major)
         self._workspace = backend.Workspace()
         self._device = {}
 
@@ -170,11 +192,11 @@ class RingFourier(LocalStage):
 
     @property
     def _points_shape(self):
-        return (self.batch, self.components, self.npoints)
+        return (self.own, self.components, self.whole)
 
     @property
     def _orders_shape(self):
-        return (self.batch_sizes[self.rank], self.components, self.h, self.mmax)
+        return (self.own, self.components, self.h, self.mmax)
 
     def _takes_points(self, direction):
         return (direction == FORWARD) != self.synthesis
@@ -212,7 +234,7 @@ class RingFourier(LocalStage):
             backend.copy_into(copy, x)
             x = copy
         orders = x.reshape(rows, self.h, self.mmax)
-        direct = self.size == 1 and out.flags.c_contiguous  # one azimuth rank: the rings are the output
+        direct = self.ring_major is None and out.flags.c_contiguous  # one azimuth rank: the rings are the output
         whole = out.reshape(rows, self.whole) if direct else \
             self._workspace.scratch("whole", x, rows * self.whole, self.real).reshape(rows, self.whole)
         for group in self.groups:
@@ -274,44 +296,23 @@ class RingFourier(LocalStage):
             group.fourier._run(direction, spectrum, run.rings(whole, n), context)
 
     def _gather_rings(self, x, rows, context):
-        """This rank's whole rings for its batch chunk, ``(B_a C, row)``, from every azimuth rank's points."""
-        c, own = self.components, self.batch_sizes[self.rank]
-        x = x if x.flags.c_contiguous else backend.array_module(x).ascontiguousarray(x)
-        if self.size == 1:
-            return x.reshape(rows, self.whole)  # the points are the whole rings, ring after ring
+        """This rank's whole rings, ring after ring, ``(B_a C, row)``, from the transposed points."""
+        x = x.reshape(rows, self.whole) if x.flags.c_contiguous else \
+            backend.array_module(x).ascontiguousarray(x).reshape(rows, self.whole)
+        if self.ring_major is None:
+            return x  # one azimuth rank: the points are the whole rings, ring after ring
         whole = self._workspace.scratch("whole", x, rows * self.whole, self.real).reshape(rows, self.whole)
-        recv_counts = [own * c * p for p in self.points_of]
-        recv = self._workspace.scratch("received", x, sum(recv_counts), self.real)
-        send_counts = [b * c * self.npoints for b in self.batch_sizes]
-        collectives.alltoallv(self.comm, x.reshape(-1), send_counts, offsets_of(send_counts), recv, recv_counts,
-                              offsets_of(recv_counts), staged=context.staged, workspace=self._workspace)
-        start = 0
-        for q in range(self.size):
-            block = recv[start:start + own * c * self.points_of[q]].reshape(own * c, self.points_of[q])
-            start += block.size
-            whole[:, self._place(q, whole)] = block
+        backend.array_module(x).take(x, self._index("ring-major", whole), axis=1, out=whole)
         return whole
 
     def _scatter_rings(self, whole, out, context):
-        """Every azimuth rank's points of this rank's batch chunk from ``whole``, to their owners (into ``out``)."""
-        if self.size == 1:
-            out[...] = whole.reshape(out.shape)
-            return
-        c, own = self.components, self.batch_sizes[self.rank]
-        counts = [own * c * p for p in self.points_of]
-        send = self._workspace.scratch("sent", whole, sum(counts), self.real)
-        start = 0
-        for q in range(self.size):
-            block = send[start:start + counts[q]].reshape(own * c, self.points_of[q])
-            start += counts[q]
-            backend.array_module(whole).take(whole, self._place(q, whole), axis=1, out=block)
-        recv_counts = [b * c * self.npoints for b in self.batch_sizes]
-        target = out.reshape(-1) if out.flags.c_contiguous else \
-            self._workspace.scratch("landed", out, sum(recv_counts), self.real)
-        collectives.alltoallv(self.comm, send, counts, offsets_of(counts), target, recv_counts,
-                              offsets_of(recv_counts), staged=context.staged, workspace=self._workspace)
+        """The whole rings put back azimuth rank after azimuth rank, into ``out`` (for the transpose's adjoint)."""
+        target = out.reshape(whole.shape) if out.flags.c_contiguous else \
+            self._workspace.scratch("landed", out, whole.size, self.real).reshape(whole.shape)
+        backend.array_module(whole).take(whole, self._index("rank-major", whole), axis=1, out=target)
         if not out.flags.c_contiguous:
-            out[...] = target.reshape(out.shape)
+            backend.copy_into(out, target.reshape(out.shape))
 
-    def _place(self, q, like):
-        return backend.on_device_of(like, self.places[q], self._device, ("places", q))
+    def _index(self, which, like):
+        index = self.ring_major if which == "ring-major" else self.rank_major
+        return backend.on_device_of(like, index, self._device, which)
