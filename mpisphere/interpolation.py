@@ -1,25 +1,31 @@
 """Bilinear interpolation of distributed fields to scattered points, with its adjoint (an observation operator).
 
-A point at latitude ``lat``, longitude ``lon`` lies in the cell whose
-north-west corner is grid point ``(i, j)``: ring ``i`` is the last ring at or
-north of it, column ``j`` the last column at or west of it. The rank whose
-tile holds ``(i, j)`` owns the point; the other three corners may sit on
-its southern and eastern neighbours, so the values come through a
-one-row, one-column :class:`~mpisphere.HaloExchange`. Interpolation is
-bilinear in colatitude and longitude (periodic). Points poleward of the
-outermost rings (the polar caps of a Gauss grid) have no enclosing cell and
-are refused.
+One operator, :class:`PointInterpolation`, for every kind of grid: it takes
+the grid's tiling (``grid.tiling(nlat, nlon)``, or the
+:class:`~mpisphere.RingTiles` of a ring grid) and runs the stencil of that
+kind:
 
-On a ring grid (a :class:`~mpisphere.RingGeometry` in place of ``nlat``,
-``nlon=None``: ``RingPointInterpolation``) the point lies between
-ring ``i`` and ring ``i + 1``; on each the value is interpolated linearly
-between the two points of that ring around its longitude, then linearly in
-colatitude between the rings. There are no halos on ring grids: the four
-values come from their owners in one ``Alltoallv`` (each needed value
-once), and the adjoint sends the weighted point values back in another.
+* **rectangular tiles** (``_TileStencil``): a point at latitude ``lat``,
+  longitude ``lon`` lies in the cell whose north-west corner is grid point
+  ``(i, j)``: ring ``i`` the last ring at or north of it, column ``j`` the
+  last column at or west of it. The rank whose tile holds ``(i, j)`` owns
+  the point; the other three corners may sit on its southern and eastern
+  neighbours, so the values come through a one-row, one-column
+  :class:`~mpisphere.HaloExchange` (neighbours only, however many ranks).
+  Bilinear in colatitude and longitude (periodic).
+* **rings** (``_RingStencil``): the point lies between ring ``i`` and ring
+  ``i + 1``; on each the value is interpolated linearly between the two
+  points of that ring around its longitude, then linearly in colatitude
+  between the rings. Rings have no halos: the four values come from their
+  owners in one ``Alltoallv`` (each needed value once), and the adjoint
+  sends the weighted point values back in another.
+
+Points poleward of the outermost rings (the polar caps of a Gauss grid) have
+no enclosing cell and are refused.
 """
 
 import math
+import warnings
 
 import numpy
 
@@ -27,49 +33,62 @@ from . import backend, collectives, dtypes
 from .agreement import agree_construction
 from .halo import HaloExchange
 from .operators import DISTRIBUTED, FORWARD, InputError, Layout, LinearOperator
-from .validation import check_int
 from .partition import offsets_of, split_sizes
 from .quadrature import latitudes, rule
 from .ring_tiles import RingTiles
 from .rings import RingGeometry
+from .tiling import RegularTiling, Tiling
+from .validation import check_int
 
-__all__ = ["PointInterpolation", "RingPointInterpolation"]
+__all__ = ["PointInterpolation"]
 
 
 class PointInterpolation(LinearOperator):
-    """Values of distributed tiles at scattered points; the adjoint spreads point values back onto the tiles.
+    """Values of distributed fields at scattered points; the adjoint spreads point values back onto the fields.
+
+    ``PointInterpolation(tiling, lats, lons)``, or for a regular grid
+    ``PointInterpolation(grid, nlat, nlon, lats, lons)``.
 
     Parameters
     ----------
+    tiling : Tiling
+        The grid of the fields, as its ranks hold it: ``grid.tiling(nlat,
+        nlon)`` (rectangular tiles ``(..., h, w)``) or ``RingTiles(grid,
+        rings)`` (this rank's points of a ring grid, ``(..., npoints)``).
     grid : ProcessGrid
-    nlat, nlon : int, or a RingGeometry and None
-        The global grid of the fields: regular, or the rings of a reduced
-        one (then the fields are this rank's points, see
-        ``RingPointInterpolation``).
+        With ``nlat, nlon``: the same as ``grid.tiling(nlat, nlon)``.
+    nlat, nlon : int
+        The global extents of a regular grid.
     lats, lons : array_like, shape ``(npoints,)``
         The points, in radians (latitude north positive, longitude east of
         0, any range: taken modulo ``2 pi``). The same on every rank (checked
         at construction; a rank that differs raises on every rank).
     quadrature : str, keyword-only
-        The latitude rule of the grid (``equiangular``, ``legendre-gauss``,
-        ``lobatto``).
+        The latitude rule of a regular grid (``equiangular``,
+        ``legendre-gauss``, ``lobatto``); rings carry their own latitudes.
 
     Attributes
     ----------
     indices : ndarray of int
         Which of the points this rank owns, in increasing order: entry ``k``
         of this rank's output is point ``indices[k]``.
+    tiling : Tiling
+    tile : tuple of int
+        The trailing shape of this rank's part of a field.
 
     Notes
     -----
-    ``forward``: this rank's tile ``(..., h, w)`` -> its points' values
-    ``(..., len(indices))``; ``adjoint``: point values -> a tile holding
+    ``forward``: this rank's part ``(..., *tile)`` -> its points' values
+    ``(..., len(indices))``; ``adjoint``: point values -> the part holding
     their bilinear spread, summed over every rank's points. Both
     distributed over ``grid.cart``; collective.
 
     Construction is collective over ``grid.cart``: the ranks compare every
     argument, the points by a hash of their bytes (so two different point
     sets never pass as one, and identical sets with NaNs in them are the same).
+    ``PointInterpolation(grid, rings, None, lats, lons)`` (a
+    :class:`~mpisphere.RingGeometry` in place of ``nlat``) still works and
+    warns (``DeprecationWarning``): pass ``RingTiles(grid, rings)``.
 
     Raises
     ------
@@ -78,61 +97,42 @@ class PointInterpolation(LinearOperator):
         and what each passed), a point that is not finite or lies poleward of
         the outermost latitude ring, an unknown quadrature.
     TypeError
-        ``nlat`` or ``nlon`` that is not an integer.
+        ``nlat`` or ``nlon`` that is not an integer, arguments of no form above.
     """
 
-    def __new__(cls, grid=None, nlat=None, *args, **kwargs):
-        if cls is PointInterpolation and isinstance(nlat, RingGeometry):
-            return super().__new__(RingPointInterpolation)  # the rings' own interpolation
-        return super().__new__(cls)
-
-    def __init__(self, grid, nlat, nlon, lats, lons, *, quadrature="equiangular"):
+    def __init__(self, grid, *args, quadrature="equiangular"):
         who = "PointInterpolation"
-        if not (hasattr(grid, "cart") and hasattr(grid, "local_slices")):
-            raise TypeError(f"{who}: grid must be a ProcessGrid, got {type(grid).__name__}")
+        tiling, lats, lons = _tiling_and_points(who, grid, args, quadrature)
+        grid = tiling.grid
+        # what the ranks compare: the arguments by name whichever form was used (a rank's differing points are
+        # named "lats", not the position they had)
+        named = ({"grid": grid, "nlat": tiling.whole[0], "nlon": tiling.whole[1]}
+                 if isinstance(tiling, RegularTiling) else {"tiling": tiling})
+        self.__dict__["_built_with"] = {**named, "lats": lats, "lons": lons,
+                                        **({"quadrature": quadrature} if "grid" in named else {})}
         # the points decide which rank owns what: every rank must pass the same (compared by their bytes)
         agree_construction(self, grid.cart, who=who)
-        self.grid = grid
-        self.nlat = check_int(nlat, "nlat", who, minimum=2)
-        self.nlon = check_int(nlon, "nlon", who, minimum=1)
-        try:
-            self.quadrature = rule(quadrature).name
-        except ValueError as exc:
-            raise ValueError(f"{who}: {exc}") from None
+        self.grid, self.tiling = grid, tiling
         lats, lons = _check_points(who, lats, lons)
         self.npoints = lats.size
-        theta, _ = latitudes(self.nlat, self.quadrature)
-        colat = 0.5 * math.pi - lats
-        outside = (colat < theta[0]) | (colat > theta[-1])
-        if outside.any():
-            raise ValueError(f"{who}: {int(outside.sum())} of {lats.size} points lie poleward of the outermost "
-                             f"latitude rings ({90 - math.degrees(theta[0]):.4f} and "
-                             f"{90 - math.degrees(theta[-1]):.4f} degrees on this {self.quadrature} grid); "
-                             "there is no enclosing cell to interpolate in")
-
-        i = numpy.clip(numpy.searchsorted(theta, colat, side="right") - 1, 0, self.nlat - 2)
-        fy = (colat - theta[i]) / (theta[i + 1] - theta[i])
-        position = numpy.mod(lons, 2 * math.pi) * self.nlon / (2 * math.pi)
-        j = numpy.minimum(numpy.floor(position).astype(numpy.int64), self.nlon - 1)
-        fx = position - j
-        lat, lon = grid.local_slices(self.nlat, self.nlon)
-        mine = (i >= lat.start) & (i < lat.stop) & (j >= lon.start) & (j < lon.stop)
-        self.indices = numpy.flatnonzero(mine)
-        # rows and columns in the padded tile (one halo row and column on each side)
-        r = i[mine] - lat.start + 1
-        c = j[mine] - lon.start + 1
-        fy, fx = fy[mine], fx[mine]
-        self._rows = numpy.stack([r, r, r + 1, r + 1])
-        self._cols = numpy.stack([c, c + 1, c, c + 1])
-        self._weights = numpy.stack([(1 - fy) * (1 - fx), (1 - fy) * fx, fy * (1 - fx), fy * fx])
-        self.halo = HaloExchange(grid, rows=1, cols=1, extents=(self.nlat, self.nlon))
-        self.tile = grid.local_shape(self.nlat, self.nlon)
+        if isinstance(tiling, RingTiles):
+            self.stencil = _RingStencil(who, tiling, lats, lons)
+            self.tiles, self.rings = tiling, tiling.rings
+        elif isinstance(tiling, RegularTiling):
+            try:
+                self.quadrature = rule(quadrature).name
+            except ValueError as exc:
+                raise ValueError(f"{who}: {exc}") from None
+            self.nlat, self.nlon = tiling.whole
+            self.stencil = _TileStencil(who, tiling, self.quadrature, lats, lons)
+            self.halo = self.stencil.halo
+        else:
+            raise TypeError(f"{who}: no stencil for a {type(tiling).__name__}; rectangles "
+                            "(grid.tiling(nlat, nlon)) and rings (RingTiles) are interpolated")
+        self.indices = self.stencil.indices
+        self.tile = tuple(tiling.local_shape())
         self.domain = self.range = Layout(DISTRIBUTED, grid.cart)
         self._comm = grid.cart
-
-    def _what_a_rank_holds(self):
-        """How an error names this rank's input: its tile here, its points on rings."""
-        return f"this rank's tile (..., {self.tile[0]}, {self.tile[1]})"
 
     def _output(self, direction, spec):
         if dtypes.refusal(spec.dtype, "real field"):
@@ -140,7 +140,7 @@ class PointInterpolation(LinearOperator):
         grid_axes = len(self.tile)
         if direction == FORWARD:
             if spec.shape[len(spec.shape) - grid_axes:] != self.tile:
-                raise InputError(f"expected {self._what_a_rank_holds()}, got shape {spec.shape}")
+                raise InputError(f"expected this rank's {self.stencil.holds}, got shape {spec.shape}")
             return spec.but(shape=spec.shape[:len(spec.shape) - grid_axes] + (self.indices.size,)), \
                 spec.describe(masked=range(-grid_axes, 0))
         if spec.shape[-1:] != (self.indices.size,):
@@ -152,19 +152,33 @@ class PointInterpolation(LinearOperator):
         return lead + self.tile, lead + (self.indices.size,)
 
     def _run(self, direction, x, out, context):
-        xp = backend.array_module(x)
-        rows, cols, weights = (xp.asarray(a) for a in (self._rows, self._cols, self._weights))
-        if direction == FORWARD:
-            padded = self.halo.forward(x)  # the halo agrees with its neighbours, in its own messages
-            out[...] = xp.sum(padded[..., rows, cols] * weights.astype(x.dtype), axis=-2)
-            return
-        padded = xp.zeros(x.shape[:-1] + (self.tile[0] + 2, self.tile[1] + 2), dtype=x.dtype)
-        flat = padded.reshape(x.shape[:-1] + (-1,))
-        index = (rows * (self.tile[1] + 2) + cols).reshape(-1)
-        spread = (x[..., None, :] * weights.astype(x.dtype)).reshape(x.shape[:-1] + (-1,))
-        for lead in numpy.ndindex(*x.shape[:-1]):
-            xp.add.at(flat[lead], index, spread[lead])  # points that share a corner add up
-        self.halo.adjoint(padded, out=out)
+        self.stencil.run(direction, x, out, context)
+
+
+def _tiling_and_points(who, grid, args, quadrature):
+    """``(tiling, lats, lons)`` from the forms ``(tiling, lats, lons)`` and ``(grid, nlat, nlon, lats, lons)``."""
+    if isinstance(grid, Tiling):
+        if len(args) != 2:
+            raise TypeError(f"{who}(tiling, lats, lons): expected the points after the tiling, got {len(args)} "
+                            "more arguments")
+        return (grid,) + tuple(args)
+    if not (hasattr(grid, "cart") and hasattr(grid, "local_slices")):
+        raise TypeError(f"{who}: the first argument must be a tiling (grid.tiling(nlat, nlon), RingTiles) or a "
+                        f"ProcessGrid, got {type(grid).__name__}")
+    if len(args) != 4:
+        raise TypeError(f"{who}(grid, nlat, nlon, lats, lons): expected four arguments after the grid, got "
+                        f"{len(args)}")
+    nlat, nlon, lats, lons = args
+    if isinstance(nlat, RingGeometry):
+        if nlon is not None:
+            raise ValueError(f"{who}: pass nlon=None with a RingGeometry, got nlon={nlon!r}")
+        warnings.warn(f"{who}(grid, rings, None, lats, lons) is deprecated and will be removed after the next "
+                      "release: pass the grid's tiling, PointInterpolation(RingTiles(grid, rings), lats, lons)",
+                      DeprecationWarning, stacklevel=4)
+        return RingTiles(grid, nlat), lats, lons
+    nlat = check_int(nlat, "nlat", who, minimum=2)
+    nlon = check_int(nlon, "nlon", who, minimum=1)
+    return grid.tiling(nlat, nlon), lats, lons
 
 
 def _check_points(who, lats, lons):
@@ -180,52 +194,68 @@ def _check_points(who, lats, lons):
     return lats, lons
 
 
-class RingPointInterpolation(PointInterpolation):
-    """:class:`PointInterpolation` on a ring grid: ``PointInterpolation(grid, rings, None, lats, lons)``.
+def _refuse_the_caps(who, theta, colat, where, rings="rings"):
+    outside = (colat < theta[0]) | (colat > theta[-1])
+    if outside.any():
+        raise ValueError(f"{who}: {int(outside.sum())} of {colat.size} points lie poleward of the outermost "
+                         f"{rings} ({90 - math.degrees(theta[0]):.4f} and "
+                         f"{90 - math.degrees(theta[-1]):.4f} degrees on {where}); there is no enclosing cell to "
+                         "interpolate in")
 
-    Parameters
-    ----------
-    grid : ProcessGrid
-    rings : RingGeometry
-    nlon : None
-    lats, lons : array_like, shape ``(npoints,)``
-        As for :class:`PointInterpolation`; points poleward of the outermost
-        rings are refused.
-    quadrature : ignored
-        The rings carry their latitudes.
 
-    Attributes
-    ----------
-    indices : ndarray of int
-        The points this rank owns (those whose cell's north-west corner, the
-        point of ring ``i`` at or west of it, is this rank's), increasing.
-    tiles : RingTiles
+class _TileStencil:
+    """Rectangular tiles: the four corners of a point's cell through a one-row, one-column halo."""
 
-    Notes
-    -----
-    ``forward``: this rank's points ``(..., tiles.npoints)`` -> its
-    points' values ``(..., len(indices))``; ``adjoint``: the transpose.
-    Distributed over ``grid.cart``; collective (one ``Alltoallv`` each way).
-    """
+    def __init__(self, who, tiling, quadrature, lats, lons):
+        grid = tiling.grid
+        nlat, nlon = tiling.whole
+        theta, _ = latitudes(nlat, quadrature)
+        colat = 0.5 * math.pi - lats
+        _refuse_the_caps(who, theta, colat, f"this {quadrature} grid", "latitude rings")
+        i = numpy.clip(numpy.searchsorted(theta, colat, side="right") - 1, 0, nlat - 2)
+        fy = (colat - theta[i]) / (theta[i + 1] - theta[i])
+        position = numpy.mod(lons, 2 * math.pi) * nlon / (2 * math.pi)
+        j = numpy.minimum(numpy.floor(position).astype(numpy.int64), nlon - 1)
+        fx = position - j
+        lat, lon = tiling.slices()
+        mine = (i >= lat.start) & (i < lat.stop) & (j >= lon.start) & (j < lon.stop)
+        self.indices = numpy.flatnonzero(mine)
+        # rows and columns in the padded tile (one halo row and column on each side)
+        r = i[mine] - lat.start + 1
+        c = j[mine] - lon.start + 1
+        fy, fx = fy[mine], fx[mine]
+        self._rows = numpy.stack([r, r, r + 1, r + 1])
+        self._cols = numpy.stack([c, c + 1, c, c + 1])
+        self._weights = numpy.stack([(1 - fy) * (1 - fx), (1 - fy) * fx, fy * (1 - fx), fy * fx])
+        self.halo = HaloExchange(grid, rows=1, cols=1, extents=(nlat, nlon))
+        self.tile = tuple(tiling.local_shape())
+        self.holds = f"tile (..., {self.tile[0]}, {self.tile[1]})"
 
-    def __init__(self, grid, rings, nlon, lats, lons, *, quadrature=None):
-        who = "PointInterpolation"
-        if not (hasattr(grid, "cart") and hasattr(grid, "local_slices")):
-            raise TypeError(f"{who}: grid must be a ProcessGrid, got {type(grid).__name__}")
-        agree_construction(self, grid.cart, who=who)
-        if nlon is not None:
-            raise ValueError(f"{who}: pass nlon=None with a RingGeometry, got nlon={nlon!r}")
-        self.grid, self.rings = grid, rings
-        self.tiles = RingTiles(grid, rings)
-        lats, lons = _check_points(who, lats, lons)
-        self.npoints = lats.size
+    def run(self, direction, x, out, context):
+        xp = backend.array_module(x)
+        rows, cols, weights = (xp.asarray(a) for a in (self._rows, self._cols, self._weights))
+        if direction == FORWARD:
+            padded = self.halo.forward(x)  # the halo agrees with its neighbours, in its own messages
+            out[...] = xp.sum(padded[..., rows, cols] * weights.astype(x.dtype), axis=-2)
+            return
+        padded = xp.zeros(x.shape[:-1] + (self.tile[0] + 2, self.tile[1] + 2), dtype=x.dtype)
+        flat = padded.reshape(x.shape[:-1] + (-1,))
+        index = (rows * (self.tile[1] + 2) + cols).reshape(-1)
+        spread = (x[..., None, :] * weights.astype(x.dtype)).reshape(x.shape[:-1] + (-1,))
+        for lead in numpy.ndindex(*x.shape[:-1]):
+            xp.add.at(flat[lead], index, spread[lead])  # points that share a corner add up
+        self.halo.adjoint(padded, out=out)
+
+
+class _RingStencil:
+    """Rings: the two points around a point's longitude on the rings north and south of it, in one Alltoallv."""
+
+    def __init__(self, who, tiles, lats, lons):
+        grid, rings = tiles.grid, tiles.rings
+        self.grid, self.rings, self.tiles = grid, rings, tiles
         theta = rings.theta
         colat = 0.5 * math.pi - lats
-        outside = (colat < theta[0]) | (colat > theta[-1])
-        if outside.any():
-            raise ValueError(f"{who}: {int(outside.sum())} of {lats.size} points lie poleward of the outermost rings "
-                             f"({90 - math.degrees(theta[0]):.4f} and {90 - math.degrees(theta[-1]):.4f} degrees on "
-                             f"{rings.name}); there is no enclosing cell to interpolate in")
+        _refuse_the_caps(who, theta, colat, rings.name)
         i = numpy.clip(numpy.searchsorted(theta, colat, side="right") - 1, 0, rings.nrings - 2)
         fy = (colat - theta[i]) / (theta[i + 1] - theta[i])
         corners, weights = [], []
@@ -260,11 +290,10 @@ class RingPointInterpolation(PointInterpolation):
         self._positions = numpy.array([[gathered[q, loc] for q, loc in zip(rank[mine].tolist(), local[mine].tolist())]
                                        for rank, local in owner_of], dtype=numpy.int64).reshape(4, mine.size)
         self._weights = numpy.stack([w[mine] for w in weights])
-        self.tile = (self.tiles.npoints,)
         self._workspace = backend.Workspace()  # the exchanges' buffers, and their host copies where staged
         self._device = {}                       # index arrays and weights uploaded once per device
-        self.domain = self.range = Layout(DISTRIBUTED, grid.cart)
         self._comm = grid.cart
+        self.holds = f"points (..., {tiles.npoints}) of {rings.name}"
 
     def _ring_starts_on_ranks(self):
         """``(nrings, nazimuth)``: where each ring starts among the points of its polar rank's azimuth rank ``a``."""
@@ -289,11 +318,8 @@ class RingPointInterpolation(PointInterpolation):
         start_in_ring = numpy.where(azimuth < extra, azimuth * (base + 1), long_end + (azimuth - extra) * base)
         return polar * grid.nazimuth + azimuth, before[ring, azimuth] + k - start_in_ring
 
-    def _what_a_rank_holds(self):
-        return f"this rank's points (..., {self.tile[0]}) of {self.rings.name}"
-
     def _exchange(self, widths, fill, recv_widths, batch, like, staged):
-        """One Alltoallv of ``(batch, width)`` blocks, one per rank, in the operator's kept buffers.
+        """One Alltoallv of ``(batch, width)`` blocks, one per rank, in the stencil's kept buffers.
 
         ``fill(q, block)`` writes the block for rank ``q``; returns the
         blocks received from each rank (views of the receive buffer).
@@ -312,7 +338,7 @@ class RingPointInterpolation(PointInterpolation):
         """The local indices this rank sends rank ``q`` (on ``like``'s device)."""
         return backend.on_device_of(like, self._send[q], self._device, ("sent", q))
 
-    def _run(self, direction, x, out, context):
+    def run(self, direction, x, out, context):
         xp = backend.array_module(x)
         size, batch = self.grid.size, math.prod(x.shape[:-1])
         flat = x.reshape(batch, x.shape[-1])
@@ -330,6 +356,7 @@ class RingPointInterpolation(PointInterpolation):
         spread = xp.zeros((batch, self._nreceived), x.dtype)
         for corner in range(4):  # corners that share a value add up
             xp.add.at(spread, (slice(None), positions[corner]), flat * weights[corner])
+
         def back(q, block):
             block[...] = spread[:, self._recv_offsets[q]:self._recv_offsets[q] + received_sizes[q]]
         arrived = self._exchange(received_sizes, back, widths, batch, x, context.staged)

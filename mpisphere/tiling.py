@@ -134,6 +134,9 @@ class RegularTiling(Tiling):
         self._lat = offsets_of(split_sizes(self.whole[0], grid.npolar)) + [self.whole[0]]
         self._lon = offsets_of(split_sizes(self.whole[1], grid.nazimuth)) + [self.whole[1]]
 
+    def __repr__(self):
+        return f"RegularTiling({self.whole[0]} x {self.whole[1]}, grid {self.grid.npolar} x {self.grid.nazimuth})"
+
     def slices(self, rank=None):
         """``(lat_slice, lon_slice)`` of grid rank ``rank``'s tile (default: this rank)."""
         p, a = divmod(self.grid.rank if rank is None else rank, self.grid.nazimuth)

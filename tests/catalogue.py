@@ -17,7 +17,7 @@ from mpisphere import (CopyTo, Diagonal, DistributedInverseRealSHT, DistributedI
                        DistributedRealSHT, DistributedRealVectorSHT, GatherFrom, GatherFromCopyTo, HaloExchange,
                        HaloReduce, Identity, PointInterpolation, ReduceFrom, ReduceScatter, RingGeometry, ScatterTo,
                        Transpose, calculus)
-from mpisphere import (DistributedInverseReducedRealSHT, DistributedInverseReducedRealVectorSHT,
+from mpisphere import (DistributedInverseReducedRealSHT, DistributedInverseReducedRealVectorSHT, RingTiles,
                        DistributedReducedRealSHT, DistributedReducedRealVectorSHT)
 from mpisphere import DiscoConvS2, DiscoConvTransposeS2, QuadratureS2, ResampleS2, SpectralConvS2
 from mpisphere.examples import ShallowWaterSolver
@@ -80,7 +80,7 @@ def operators(grid):
         (DistributedReducedRealVectorSHT(grid, octahedral, orders="balanced"), (2,), numpy.float64, local),
         (DistributedInverseReducedRealVectorSHT(grid, octahedral), (2,), numpy.complex128, local),
         (PointInterpolation(grid, NLAT, NLON, lats, lons), (2,), numpy.float64, local),
-        (PointInterpolation(grid, octahedral, None, lats, lons), (2,), numpy.float64, local),
+        (PointInterpolation(RingTiles(grid, octahedral), lats, lons), (2,), numpy.float64, local),
         (calculus.laplacian(sht, 2.0), (2,), numpy.complex128, local),
         (calculus.hyperdiffusion(isht, 600.0), (2,), numpy.complex128, local),
         (calculus.uv_to_vrtdiv(vsht, 2.0), (3,), numpy.float64, local),      # a composition with a scaling

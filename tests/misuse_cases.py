@@ -646,7 +646,7 @@ def ring_points_on_the_last_rank(comm, grid, me):
 def ring_interpolation_whole_field_on_the_last_rank(comm, grid, me):
     """The last rank passes the whole field where its points belong."""
     rings = RingGeometry.octahedral(4)
-    op = PointInterpolation(grid, rings, None, [0.3, -0.2], [1.0, 4.0])
+    op = PointInterpolation(RingTiles(grid, rings), [0.3, -0.2], [1.0, 4.0])
     op.forward(numpy.zeros(rings.npoints if me == _last(comm) else op.tiles.npoints))
 
 

@@ -250,7 +250,7 @@ EXPECTED = {
                                                    r"the input's last 1 axes are not this rank's set of points"
                                                    r"\n  fix: .*"
                                                    r"\n  rank {last} \(.*\): expected \(\d+,\) in the last 1 axes"),
-    "ring_interpolation_whole_field_on_the_last_rank": ("ValueError", r"^RingPointInterpolation.forward: rank {last} "
+    "ring_interpolation_whole_field_on_the_last_rank": ("ValueError", r"^PointInterpolation.forward: rank {last} "
                                                                       r"of {size}: expected this rank's points "
                                                                       r"\(\.\.\., \d+\) of O4, got shape \(208,\)$"),
     # issue 46: calls made on some ranks only name the call each rank is in, grid.free() included

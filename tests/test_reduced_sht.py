@@ -318,8 +318,8 @@ def test_point_interpolation_on_rings(grid):
     rng = numpy.random.default_rng(4)  # the same points on every rank
     lats = rng.uniform(-1.4, 1.4, 40)
     lons = rng.uniform(-4, 8, 40)
-    op = mpisphere.PointInterpolation(grid, rings, None, lats, lons)
-    assert isinstance(op, mpisphere.interpolation.RingPointInterpolation)
+    op = mpisphere.PointInterpolation(tiles, lats, lons)
+    assert op.tiling is tiles and op.tile == (tiles.npoints,)
     assert numpy.array_equal(numpy.sort(numpy.concatenate(grid.cart.allgather(op.indices))), numpy.arange(40))
     # a field of latitude alone: linear in colatitude between rings, so interpolation reproduces cos(colatitude)
     # to the curvature of cos over one ring spacing
@@ -328,8 +328,7 @@ def test_point_interpolation_on_rings(grid):
     assert abs(got - numpy.sin(lats[op.indices])).max() <= 2e-3
     # the ring values themselves at their own points
     on = numpy.array([0, 7, 300, rings.npoints - 1])
-    exact = mpisphere.PointInterpolation(grid, rings, None, 0.5 * numpy.pi - rings.colatitudes[on],
-                                         rings.longitudes[on])
+    exact = mpisphere.PointInterpolation(tiles, 0.5 * numpy.pi - rings.colatitudes[on], rings.longitudes[on])
     whole = rng.standard_normal(rings.npoints)
     values = exact.forward(whole[tiles.point_indices()])
     assert numpy.allclose(values, whole[on[exact.indices]], rtol=0, atol=1e-12)
@@ -356,7 +355,12 @@ def test_point_interpolation_on_rings(grid):
     y = op.forward(x)
     assert dottest(op, x, y + 0.1) <= 1e-13
     with raises(ValueError, match="poleward"):
-        mpisphere.PointInterpolation(grid, rings, None, [1.56], [0.0])
+        mpisphere.PointInterpolation(tiles, [1.56], [0.0])
+    # the form of the last release: a RingGeometry in place of nlat, warned, the same operator
+    with pytest.warns(DeprecationWarning, match=r"PointInterpolation\(RingTiles\(grid, rings\), lats, lons\)"):
+        old = mpisphere.PointInterpolation(grid, rings, None, lats, lons)
+    assert numpy.array_equal(old.indices, op.indices)
+    numpy.testing.assert_array_equal(old.forward(x), y)
 
 
 @pytest.mark.parametrize("legendre", STRATEGIES)
