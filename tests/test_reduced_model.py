@@ -4,7 +4,7 @@ and adjoint, restarts, and what it refuses."""
 import numpy
 import pytest
 
-from mpisphere import RingGeometry, dottest
+from mpisphere import RingGeometry, RingTiles, dottest
 from mpisphere.examples import ShallowWaterSolver
 
 from test_tangent_linear import scaled, unit_perturbation
@@ -29,7 +29,7 @@ def test_williamson2_on_octahedral_grids_as_on_the_regular_gaussian_grid(grid):
     within 0.5% of the regular grid's; docs/williamson.md)."""
     errors = {}
     for n, dt in ((24, 900.0), (32, 675.0)):
-        octahedral = ShallowWaterSolver(grid, RingGeometry.octahedral(n), None, dt)
+        octahedral = ShallowWaterSolver(RingTiles(grid, RingGeometry.octahedral(n)), dt)
         regular = ShallowWaterSolver(grid, 2 * n, 4 * n, dt, lmax=n, mmax=n, quadrature="legendre-gauss")
         errors[n] = case2_error(octahedral, 12), case2_error(regular, 12)
         assert octahedral.lmax == regular.lmax == n
@@ -38,14 +38,14 @@ def test_williamson2_on_octahedral_grids_as_on_the_regular_gaussian_grid(grid):
 
 
 def test_mass_is_the_integral_on_the_points(grid):
-    solver = ShallowWaterSolver(grid, RingGeometry.octahedral(12), None, 600.0)
+    solver = ShallowWaterSolver(RingTiles(grid, RingGeometry.octahedral(12)), 600.0)
     ones = numpy.ones(solver.sht.tile_shape)
     numpy.testing.assert_allclose(solver.integrate_grid(ones, dimensionless=True), 4 * numpy.pi, rtol=1e-13)
     assert solver.gethuv(solver.galewsky_initial_condition()).shape == (3,) + solver.sht.tile_shape
 
 
 def test_tangent_linear_and_adjoint_on_an_octahedral_grid(grid):
-    swe = ShallowWaterSolver(grid, RingGeometry.octahedral(12), None, 600.0, orography="williamson5")
+    swe = ShallowWaterSolver(RingTiles(grid, RingGeometry.octahedral(12)), 600.0, orography="williamson5")
     model = scaled(swe, swe.linearize(swe.williamson5_initial_condition(), 4))
     x = unit_perturbation(swe, 1)
     assert dottest(model, x, model.forward(x), rtol=1e-11) <= 1e-11
@@ -54,31 +54,51 @@ def test_tangent_linear_and_adjoint_on_an_octahedral_grid(grid):
 def test_restart_on_rings_continues_bit_for_bit(grid, tmp_path, comm):
     pytest.importorskip("zarr")
     path = comm.bcast(str(tmp_path / "ring-restart"), root=0)
-    swe = ShallowWaterSolver(grid, RingGeometry.octahedral(10), None, 600.0)
+    swe = ShallowWaterSolver(RingTiles(grid, RingGeometry.octahedral(10)), 600.0)
     history = swe.new_history()
     state = swe.timestep(swe.galewsky_initial_condition(), 3, history)
     swe.save(path, state, history)
     straight = swe.timestep(state, 2, history)
     loaded, again = swe.load(path)
     assert numpy.array_equal(swe.timestep(loaded, 2, again), straight)
-    other = ShallowWaterSolver(grid, RingGeometry.octahedral(12), None, 600.0)
+    other = ShallowWaterSolver(RingTiles(grid, RingGeometry.octahedral(12)), 600.0)
     with raises(ValueError, match="rings"):
         other.load(path)
     # an orography of one's own is stored as a points variable and compared on load
     rings = RingGeometry.octahedral(10)
     heights = 100.0 * numpy.cos(swe.lats) ** 2
-    mountains = ShallowWaterSolver(grid, rings, None, 600.0, orography=heights)
+    mountains = ShallowWaterSolver(RingTiles(grid, rings), 600.0, orography=heights)
     mountains.save(path, state)
     loaded, _ = mountains.load(path)
     assert numpy.array_equal(loaded, state)
-    flatter = ShallowWaterSolver(grid, rings, None, 600.0, orography=0.5 * heights)
+    flatter = ShallowWaterSolver(RingTiles(grid, rings), 600.0, orography=0.5 * heights)
     with raises(ValueError, match="orography differs"):
         flatter.load(path)
 
 
 def test_what_a_model_on_rings_refuses(grid):
     rings = RingGeometry.octahedral(8)
-    with raises(ValueError, match="nlon=None"):
-        ShallowWaterSolver(grid, rings, 32, 600.0)
     with raises(ValueError, match="orography must be"):
-        ShallowWaterSolver(grid, rings, None, 600.0, orography=numpy.zeros(10))
+        ShallowWaterSolver(RingTiles(grid, rings), 600.0, orography=numpy.zeros(10))
+    with raises(TypeError, match="the tiling gives the grid"):
+        ShallowWaterSolver(RingTiles(grid, rings), nlat=8, dt=600.0)
+    with raises(TypeError, match="dt given twice"):
+        ShallowWaterSolver(RingTiles(grid, rings), 600.0, dt=600.0)
+    # the form of the last release, a RingGeometry in place of nlat: warned, and its checks as before
+    with pytest.warns(DeprecationWarning, match=r"ShallowWaterSolver\(RingTiles\(grid, rings\), dt\)"):
+        with raises(ValueError, match="nlon=None"):
+            ShallowWaterSolver(grid, rings, 32, 600.0)
+
+
+def test_a_model_on_a_tiling_is_the_model_of_the_last_release(grid):
+    """The tiling form and the deprecated RingGeometry form build the same model; a regular tiling is (nlat, nlon)."""
+    rings = RingGeometry.octahedral(8)
+    new = ShallowWaterSolver(RingTiles(grid, rings), 600.0)
+    with pytest.warns(DeprecationWarning):
+        old = ShallowWaterSolver(grid, rings, None, 600.0)
+    state = new.galewsky_initial_condition()
+    numpy.testing.assert_array_equal(state, old.galewsky_initial_condition())
+    numpy.testing.assert_array_equal(new.timestep(state, 2), old.timestep(state, 2))
+    regular = ShallowWaterSolver(grid.tiling(16, 32), 600.0, quadrature="legendre-gauss")
+    same = ShallowWaterSolver(grid, 16, 32, 600.0, quadrature="legendre-gauss")
+    numpy.testing.assert_array_equal(regular.galewsky_initial_condition(), same.galewsky_initial_condition())

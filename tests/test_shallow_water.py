@@ -6,7 +6,7 @@ import numpy
 import pytest
 from mpi4py import MPI
 
-from mpisphere import ProcessGrid, RingGeometry
+from mpisphere import ProcessGrid, RingGeometry, RingTiles
 from mpisphere.examples import ShallowWaterSolver
 
 pytestmark = pytest.mark.mpi
@@ -25,7 +25,7 @@ MODELS = {
         "williamson5_initial_condition", 8),
     "galewsky-equiangular": (lambda g: ShallowWaterSolver(g, 33, 64, dt=400.0, quadrature="equiangular"),
                              "galewsky_initial_condition", 8),
-    "galewsky-octahedral": (lambda g: ShallowWaterSolver(g, RingGeometry.octahedral(16), None, 600.0),
+    "galewsky-octahedral": (lambda g: ShallowWaterSolver(RingTiles(g, RingGeometry.octahedral(16)), 600.0),
                             "galewsky_initial_condition", 8),
 }
 

@@ -39,6 +39,7 @@ and random fields (:meth:`~mpisphere.examples.ShallowWaterSolver.random_initial_
 """
 
 import math
+import warnings
 
 import numpy
 
@@ -51,6 +52,7 @@ from .tangent_linear import TangentLinearModel
 from ..quadrature import latitudes
 from ..ring_tiles import RingTiles
 from ..rings import RingGeometry
+from ..tiling import Tiling
 from ..sht import (DistributedInverseReducedRealSHT, DistributedInverseReducedRealVectorSHT,
                    DistributedInverseRealSHT, DistributedInverseRealVectorSHT, DistributedReducedRealSHT,
                    DistributedReducedRealVectorSHT, DistributedRealSHT, DistributedRealVectorSHT)
@@ -72,18 +74,62 @@ def williamson5_orography(lats, lons):
     return 2000.0 * (1.0 - r / radius)
 
 
+def _grid_arguments(grid, args, nlat, nlon, dt, lmax, mmax):
+    """``(grid, nlat, nlon, dt, lmax, mmax, rings)`` from ``(tiling, dt, lmax, mmax)`` or ``(grid, nlat, nlon, dt,
+    lmax, mmax)``, positional or by name; ``rings`` is the ring grid's geometry, or ``None`` for a regular one."""
+    who = "ShallowWaterSolver"
+    tiling = grid if isinstance(grid, Tiling) else None
+    names = ("dt", "lmax", "mmax") if tiling is not None else ("nlat", "nlon", "dt", "lmax", "mmax")
+    if len(args) > len(names):
+        raise TypeError(f"{who}({'tiling' if tiling is not None else 'grid'}, {', '.join(names)}): "
+                        f"{len(args)} arguments after the {'tiling' if tiling is not None else 'grid'}, at most "
+                        f"{len(names)}")
+    given = {"nlat": nlat, "nlon": nlon, "dt": dt, "lmax": lmax, "mmax": mmax}
+    for name, value in zip(names, args):
+        if given[name] is not None:
+            raise TypeError(f"{who}: {name} given twice (by position and by name)")
+        given[name] = value
+    if given["dt"] is None:
+        raise TypeError(f"{who}: the time step dt is required")
+    rings = None
+    if isinstance(tiling, RingTiles):
+        if given["nlat"] is not None or given["nlon"] is not None:
+            raise TypeError(f"{who}: the tiling gives the grid; pass no nlat or nlon with it")
+        grid, rings = tiling.grid, tiling.rings
+        given["nlat"] = rings
+    elif tiling is not None:
+        if given["nlat"] is not None or given["nlon"] is not None:
+            raise TypeError(f"{who}: the tiling gives the grid; pass no nlat or nlon with it")
+        grid = tiling.grid
+        given["nlat"], given["nlon"] = tiling.whole
+    elif isinstance(given["nlat"], RingGeometry):
+        rings = given["nlat"]
+        warnings.warn(f"{who}(grid, rings, None, dt) is deprecated and will be removed after the next release: "
+                      "pass the grid's tiling, ShallowWaterSolver(RingTiles(grid, rings), dt)",
+                      DeprecationWarning, stacklevel=4)
+    return grid, given["nlat"], given["nlon"], given["dt"], given["lmax"], given["mmax"], rings
+
+
 class ShallowWaterSolver(Described):
     """Shallow-water equations on a rotating sphere, spread over a grid of ranks.
 
+    ``ShallowWaterSolver(tiling, dt, lmax=None, mmax=None, ...)``, or for a
+    regular grid ``ShallowWaterSolver(grid, nlat, nlon, dt, lmax=None,
+    mmax=None, ...)`` (positional or by name).
+
     Parameters
     ----------
+    tiling : Tiling
+        The grid as its ranks hold it: ``grid.tiling(nlat, nlon)``, or
+        ``RingTiles(grid, rings)`` for a reduced grid, whose fields are this
+        rank's points ``(..., npoints)`` where a regular grid's are tiles
+        ``(..., h, w)``; the quadrature is then the rings'.
     grid : ProcessGrid
-    nlat, nlon : int, or a RingGeometry and None
-        The global grid: a regular ``(nlat, nlon)`` one, or the rings of a
-        reduced one (``ShallowWaterSolver(grid, RingGeometry.octahedral(48),
-        None, dt)``), whose fields are this rank's points ``(..., npoints)``
-        where a regular grid's are tiles ``(..., h, w)`` (see
-        :class:`~mpisphere.RingTiles`); the quadrature is then the rings'.
+    nlat, nlon : int
+        A regular grid's extents (with ``grid``). A
+        :class:`~mpisphere.RingGeometry` in place of ``nlat`` (``nlon=None``),
+        the form of the last release, still works and warns
+        (``DeprecationWarning``).
     dt : float
         Time step, seconds.
     lmax, mmax : int, optional
@@ -166,12 +212,16 @@ class ShallowWaterSolver(Described):
 
     _per_rank = ("orography",)  # a tile of the caller's own orography differs between ranks
 
-    def __init__(self, grid, nlat, nlon, dt, lmax=None, mmax=None, *, quadrature="equiangular",
+    def __init__(self, grid, *args, nlat=None, nlon=None, dt=None, lmax=None, mmax=None, quadrature="equiangular",
                  radius=6.37122e6, omega=7.292e-5, gravity=9.80616, havg=10.0e3, hamp=120.0,
                  orders="contiguous", orography=None, scheme="explicit", reference_depth=None,
                  robert_asselin=0.05):
+        grid, nlat, nlon, dt, lmax, mmax, rings = _grid_arguments(grid, args, nlat, nlon, dt, lmax, mmax)
+        # what the ranks compare: every argument by name, whichever form the call used
+        built = {k: v for k, v in (self.__dict__.get("_built_with") or {}).items() if k not in ("grid", "args")}
+        self.__dict__["_built_with"] = {"grid": grid, **built, "nlat": nlat, "nlon": nlon, "dt": dt, "lmax": lmax,
+                                        "mmax": mmax}
         error = None
-        rings = nlat if isinstance(nlat, RingGeometry) else None
         tile = None  # this rank's tile, where a check needs it
         try:
             if rings is not None:
