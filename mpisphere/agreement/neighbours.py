@@ -257,7 +257,7 @@ class NeighbourRound:
         elif backend.is_device_array(landing):
             header = backend.array_module(landing).asnumpy(landing[:HEADER_BYTES]).view(numpy.int64)
         else:
-            header = numpy.array(landing[:HEADER_BYTES]).view(numpy.int64)
+            header = landing[:HEADER_BYTES].view(numpy.int64)  # read at once (the buffer is reused next call)
         self._pending.remove(key)
         self._received.add(key)
         self._on_header(key, header, nbytes)
