@@ -86,6 +86,11 @@ class Failures:
         done = [r for r in self._sent if collectives.test(r)]
         self._sent = [r for r in self._sent if r not in done]
 
+    def noted(self):
+        """Whether a note about a halo call this rank did not raise in has arrived (read now, kept for later)."""
+        self._kept += [note for _, note in collectives.receive_objects(self.comm, FAILURE_TAG)]
+        return any(note.get("call") not in self.raised for note in self._kept)
+
     def finding(self):
         """An :class:`InputError` for a halo call this rank completed that failed elsewhere, or ``None``.
 
