@@ -31,14 +31,10 @@ geometry.
 
 import numpy
 
-from ..operators import Spec
-from ..primitives import ReduceScatter
 from ..ring_tiles import RingTiles
 from ..rings import RingGeometry
-from ..transpose import Transpose
 from .fourier import Truncation
 from .orders import order_permutation
-from .pipeline import Pipeline
 from .ring_fourier import RingFourier, ring_transpose
 from .transforms import Transform
 from .vector import DistributedInverseRealVectorSHT, DistributedRealVectorSHT
@@ -92,32 +88,19 @@ class _OnRings(Transform):
         """Longitude (radians) of each of this rank's points, ``(npoints,)``."""
         return self.tiles.longitudes
 
-    def _build_pipeline(self, batch, workspace, record):
-        g = self.grid
-        tables = self.tables if record is self.strategy else None
-        legendre = record.stage(self._legendre_request(), tables)
+    def _fourier_stages(self, batch):
+        """Whole rings over the azimuth ranks, one FFT per ring length and the orders each ring aliases
+        (``RingFourier``), the orders put in the layout's order; a synthesis the reverse."""
         rings = ring_transpose(self.tiles, batch)
         fourier = RingFourier(self.tiles, batch, self._components, self.mmax, self.dtype, self._synthesis,
                               self._layout, self.fft)
         permutation = order_permutation(self._assignment)
         reorder = [] if numpy.array_equal(permutation, numpy.arange(self.mmax)) else \
             [Truncation(self.mmax, self.mmax, self._layout, permutation)]
-        orders = Transpose(g.azimuth, axes=(3, 0), extents=(self.mmax, batch))
-        polar = []
-        if record.polar_transposes:
-            polar = [Transpose(g.polar, axes=(0, 2), extents=(batch, tuple(self.tiles.ring_counts)))]
-            degrees = Transpose(g.polar, axes=(2, 0), extents=(self.lmax, batch))
-        else:
-            degrees = ReduceScatter(g.polar, 2, self.lmax)
-        extra = self._degree_stages()
-        if not self._synthesis:
-            stages = [rings, fourier, *reorder, orders, *polar, legendre, *extra, degrees]
-            spec = Spec((batch, self._components) + self.tile_shape, self.dtype, False)
-        else:
-            stages = [degrees.H, *extra, legendre.H, *[t.H for t in polar], orders.H, *[r.H for r in reorder],
-                      fourier, rings.H]
-            spec = Spec((batch, self._components) + self.block_shape, self.cdtype, False)
-        return Pipeline(stages, spec, workspace)
+        return [*[r.H for r in reorder], fourier, rings.H] if self._synthesis else [rings, fourier, *reorder]
+
+    def _latitude_chunks(self):
+        return tuple(self.tiles.ring_counts)  # the rings split over the polar ranks, balanced by points
 
 
 _RING_NOTES = """

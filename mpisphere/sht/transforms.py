@@ -442,13 +442,21 @@ class Transform(LinearOperator):
         return self._pipelines.get((batch, device, second, record.name),
                                    lambda: self._build_pipeline(batch, workspace, record))
 
-    def _transposes(self, batch, degrees):
-        """The four transposes of a pipeline for ``batch`` fields and ``degrees`` spectral rows."""
-        g = self.grid
-        return (Transpose(g.azimuth, axes=(0, 3), extents=(batch, self.nlon)),    # (B, C, h, w) -> (Ba, C, h, nlon)
-                Transpose(g.azimuth, axes=(3, 0), extents=(self.mmax, batch)),    # (Ba, C, h, mmax) -> (B, C, h, m)
-                Transpose(g.polar, axes=(0, 2), extents=(batch, self.nlat)),      # (B, C, h, m) -> (Bp, C, nlat, m)
-                Transpose(g.polar, axes=(2, 0), extents=(degrees, batch)))        # (Bp, C, L, m) -> (B, C, l, m)
+    def _fourier_stages(self, batch):
+        """The stages between this rank's fields and the ``(B_a, C, h, mmax)`` orders, in the pipeline's order.
+
+        Analysis: the azimuth transpose (``(B, C, h, w)`` -> ``(B_a, C, h, nlon)``), the real FFT, the
+        truncation (which puts the orders in the layout's order); a synthesis the reverse. A grid of another
+        kind gives its own.
+        """
+        lon = Transpose(self.grid.azimuth, axes=(0, 3), extents=(batch, self.nlon))
+        fft = FourierStage(self.nlon, self.dtype, self._synthesis, self._layout, self.fft)
+        truncation = Truncation(self.mmax, self.nlon // 2 + 1, self._layout, order_permutation(self._assignment))
+        return [truncation.H, fft, lon.H] if self._synthesis else [lon, fft, truncation]
+
+    def _latitude_chunks(self):
+        """Every polar rank's latitudes: ``nlat`` split by ``split_sizes`` (a ring grid: its rings' split)."""
+        return self.nlat
 
     def _shared_tables(self, key, build):
         """Tables from the grid's cache, shared by every transform on the grid that needs the same ones.
@@ -496,24 +504,30 @@ class Transform(LinearOperator):
         return []
 
     def _build_pipeline(self, batch, workspace, record):
-        lon, orders, lat, degrees = self._transposes(batch, self.lmax)
+        """The stages of one batch size, in analysis order (a synthesis runs their adjoints in reverse)::
+
+            Fourier stages -> orders split (azimuth transpose) -> latitudes whole (polar transpose)
+            -> Legendre -> degree stages -> degrees split (polar transpose, or Reduce_scatter)
+        """
+        g = self.grid
         tables = self.tables if record is self.strategy else None  # a batch's other strategy holds none
         legendre = record.stage(self._legendre_request(), tables)
-        fourier = FourierStage(self.nlon, self.dtype, self._synthesis, self._layout, self.fft)
-        truncation = Truncation(self.mmax, self.nlon // 2 + 1, self._layout, order_permutation(self._assignment))
-        extra = self._degree_stages()
-        if not record.polar_transposes:
+        fourier = self._fourier_stages(batch)
+        orders = Transpose(g.azimuth, axes=(3, 0), extents=(self.mmax, batch))  # (Ba, C, h, mmax) -> (B, C, h, m)
+        if record.polar_transposes:
+            polar = [Transpose(g.polar, axes=(0, 2), extents=(batch, self._latitude_chunks()))]  # -> (Bp, C, nlat, m)
+            degrees = Transpose(g.polar, axes=(2, 0), extents=(self.lmax, batch))  # (Bp, C, L, m) -> (B, C, l, m)
+        else:
             # each polar rank contracts its own latitudes into every degree; a Reduce_scatter over the polar
             # ranks completes the sums and splits the degrees (the synthesis: an Allgatherv of the degrees)
-            lat = None
-            degrees = ReduceScatter(self.grid.polar, 2, self.lmax)
+            polar, degrees = [], ReduceScatter(g.polar, 2, self.lmax)
+        extra = self._degree_stages()
         # the memory layouts of the intermediates are the pipeline's to plan, from what the stages declare
-        polar = [] if lat is None else [lat]
         if not self._synthesis:
-            stages = [lon, fourier, truncation, orders, *polar, legendre, *extra, degrees]
+            stages = [*fourier, orders, *polar, legendre, *extra, degrees]
             spec = Spec((batch, self._components) + self.tile_shape, self.dtype, False)
         else:
-            stages = [degrees.H, *extra, legendre.H, *[t.H for t in polar], orders.H, truncation.H, fourier, lon.H]
+            stages = [degrees.H, *extra, legendre.H, *[t.H for t in polar], orders.H, *fourier]
             spec = Spec((batch, self._components) + self.block_shape, self.cdtype, False)
         return Pipeline(stages, spec, workspace)
 
