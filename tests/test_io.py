@@ -270,6 +270,35 @@ def test_writes_that_do_not_fit_the_store_raise_on_every_rank(grid, shared):
                 store.write_coefficients("c", numpy.zeros(other.block_shape, complex), other)
 
 
+def test_a_field_on_either_tiling_is_written_and_read_through_the_tiling(grid, shared):
+    """write_field / read_field: a regular tiling stores tiles, RingTiles points, each read back on another
+    grid through its own tiling, the same as write_tiles / write_points would store them."""
+    from mpisphere import RingGeometry, RingTiles
+    path = os.path.join(shared, "fields.zarr")
+    store = FieldStore(path, grid, mode="w")
+    regular = grid.tiling(9, 12)
+    whole = whole_field((2, 9, 12), "float64")
+    store.write_field("t", numpy.ascontiguousarray(regular.piece(whole, grid.rank)), regular, "legendre-gauss")
+    rings = RingGeometry.octahedral(5)
+    tiles = RingTiles(grid, rings)
+    points = whole_field((rings.npoints,), "float64")
+    on_rings = os.path.join(shared, "rings.zarr")  # one store holds one grid
+    FieldStore(on_rings, grid, mode="w").write_field("p", numpy.ascontiguousarray(points[tiles.point_indices()]),
+                                                     tiles)
+    for sub in sub_grids(grid.cart):
+        if sub is not None:
+            again = FieldStore(path, sub, mode="r")
+            numpy.testing.assert_array_equal(again.read_field("t", sub.tiling(9, 12), "legendre-gauss"),
+                                             sub.tiling(9, 12).piece(whole, sub.rank))
+            on_sub = RingTiles(sub, rings)
+            numpy.testing.assert_array_equal(FieldStore(on_rings, sub, mode="r").read_field("p", on_sub),
+                                             points[on_sub.point_indices()])
+            numpy.testing.assert_array_equal(again.read_tiles("t", 9, 12, "legendre-gauss"),
+                                             again.read_field("t", sub.tiling(9, 12), "legendre-gauss"))
+    with raises(ValueError, match="quadrature"):
+        store.read_field("t", regular, "equiangular")
+
+
 def test_points_of_a_reduced_grid_round_trip_onto_every_grid_and_open_in_xarray(grid, shared):
     from mpisphere import RingGeometry, RingTiles
     rings = RingGeometry.octahedral(6)

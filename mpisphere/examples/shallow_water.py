@@ -265,6 +265,7 @@ class ShallowWaterSolver(Described):
                             DistributedReducedRealVectorSHT, DistributedInverseReducedRealVectorSHT), (rings,)
         self.sht, self.isht, self.vsht, self.ivsht = (kind(grid, *where, lmax, mmax, **options) for kind in kinds)
         self.lmax, self.mmax = self.sht.lmax, self.sht.mmax
+        self.tiling = self.sht.tiles if rings is not None else grid.tiling(nlat, nlon)  # which points each rank holds
         self._grid_axes = len(self.sht.tile_shape)  # 2 (rows, columns) or 1 (a reduced grid's points)
 
         if rings is None:
@@ -595,10 +596,8 @@ class ShallowWaterSolver(Described):
             if previous is not None:
                 store.write_coefficients("previous", previous, self.sht, dims=("field",),
                                          attrs={"fields": fields, "meaning": "the filtered state one step before"})
-            if self._orography_kind == "array" and self.rings is not None:
-                store.write_points("orography", self.orography, self.sht.tiles, attrs={"units": "m"})
-            elif self._orography_kind == "array":
-                store.write_tiles("orography", self.orography, self.nlat, self.nlon, self.sht.quadrature,
+            if self._orography_kind == "array":
+                store.write_field("orography", self.orography, self.tiling, self.sht.quadrature,
                                   attrs={"units": "m"})
             store.set_attrs({"model": "mpisphere.examples.ShallowWaterSolver", "parameters": self.parameters(),
                              "step": history.step, "time_seconds": history.step * self.dt,
@@ -625,8 +624,7 @@ class ShallowWaterSolver(Described):
                              f"0-{self.grid.size - 1} of {self.grid.size}): "
                              f"{differ or 'it was not written by ShallowWaterSolver.save'}")
         if self._orography_kind == "array":
-            saved_orography = store.read_points("orography", self.sht.tiles) if self.rings is not None else \
-                store.read_tiles("orography", self.nlat, self.nlon, self.sht.quadrature)
+            saved_orography = store.read_field("orography", self.tiling, self.sht.quadrature)
             call = Call(self.grid.cart, f"ShallowWaterSolver.load({path!r})")
             if not numpy.array_equal(saved_orography, self.orography):
                 call.fail("the checkpoint's orography differs from this model's on this rank's tile")

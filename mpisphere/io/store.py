@@ -16,6 +16,7 @@ from ..agreement import Call, InputError, collective
 from ..dtypes import refusal
 from ..quadrature import latitudes, rule
 from ..ring_tiles import RingTiles
+from ..tiling import RegularTiling
 from ..validation import check_choice, check_int
 from . import zarr_files
 from .chunks import ChunkPlan, Parts, band_rows
@@ -202,6 +203,39 @@ class FieldStore:
         nlat = check_int(nlat, "nlat", who, minimum=1)
         nlon = check_int(nlon, "nlon", who, minimum=1)
         return nlat, nlon, rule(quadrature).name
+
+    # --- any tiling -----------------------------------------------------------------------------------
+
+    @collective
+    def write_field(self, name, part, tiling, quadrature="equiangular", *, dims=None, coords=None, attrs=None,
+                    append=False):
+        """Write this rank's part of a field on ``tiling`` as variable ``name``. Collective.
+
+        ``tiling``: ``grid.tiling(nlat, nlon)`` (tiles, stored as :meth:`write_tiles` stores them, with
+        ``quadrature``'s latitudes) or a :class:`~mpisphere.RingTiles` (points, as :meth:`write_points`).
+        The other arguments as in :meth:`write_tiles`.
+        """
+        if isinstance(tiling, RingTiles):
+            return self.write_points(name, part, tiling, dims=dims, coords=coords, attrs=attrs, append=append)
+        nlat, nlon = self._extents_of(tiling)
+        return self.write_tiles(name, part, nlat, nlon, quadrature, dims=dims, coords=coords, attrs=attrs,
+                                append=append)
+
+    @collective
+    def read_field(self, name, tiling, quadrature="equiangular"):
+        """This rank's part on ``tiling`` of variable ``name`` (as :meth:`read_tiles` or :meth:`read_points`).
+
+        Collective.
+        """
+        if isinstance(tiling, RingTiles):
+            return self.read_points(name, tiling)
+        nlat, nlon = self._extents_of(tiling)
+        return self.read_tiles(name, nlat, nlon, quadrature)
+
+    @staticmethod
+    def _extents_of(tiling):
+        """``(nlat, nlon)`` of a regular tiling; anything else is passed on to write_tiles' own checks."""
+        return tiling.whole if isinstance(tiling, RegularTiling) else (tiling, None)
 
     # --- coefficients -------------------------------------------------------------------------------
 
