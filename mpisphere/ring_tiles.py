@@ -42,8 +42,7 @@ class RingTiles(Tiling):
     Notes
     -----
     Building it does not communicate (every rank computes the same split);
-    :meth:`~mpisphere.tiling.Tiling.scatter` and
-    :meth:`~mpisphere.tiling.Tiling.gather` (a whole field ``(..., npoints)``)
+    ``scatter`` and ``gather`` (of :class:`~mpisphere.Tiling`: a whole field ``(..., npoints)``)
     are collective over ``grid.cart``.
     """
 

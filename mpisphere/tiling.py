@@ -12,8 +12,8 @@ field ``(..., *whole)`` the rank holds and in which order: its part is
   ``(..., npoints)``.
 
 A tiling only has to say how to take a rank's part out of a whole field
-(:meth:`Tiling.piece`) and how to put it back (:meth:`Tiling.place`):
-:func:`scatter_parts` and :func:`gather_parts` move whole fields for every
+(``Tiling.piece``) and how to put it back (``Tiling.place``):
+``scatter_parts`` and ``gather_parts`` move whole fields for every
 kind (one ``MPI_Scatterv`` / ``MPI_Gatherv`` over ``grid.cart``), so a new
 kind of grid is one class.
 """

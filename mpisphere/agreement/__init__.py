@@ -59,7 +59,7 @@ Threads
 Only :mod:`mpisphere.collectives` is used to talk to MPI. The package's
 modules: :mod:`.spec`, :mod:`.description`, :mod:`.differing` (what
 differs between the ranks' descriptions, named field by field), :mod:`.stall`,
-:mod:`.collective` (over a communicator), :mod:`.call` (the protocol),
+:mod:`.collective` (over a communicator), :mod:`mpisphere.agreement.call` (the protocol),
 :mod:`.neighbours` (with the neighbours), :mod:`.guard` (threads).
 """
 

@@ -7,7 +7,7 @@ where it was raised would then go on with ranks that never learnt of it.
 So every rank that raises in a halo call tells every other rank of the grid
 (a small note, tag ``FAILURE_TAG`` on ``grid.cart``), and every outermost
 call on the grid, operator or collective method, reads the notes that
-have arrived when it has done its work (:func:`raise_noted_failure`): a
+have arrived when it has done its work (``raise_noted_failure``): a
 note about a halo call this rank returned from normally makes the call
 raise, with the mistake's class, its rank and the failed rank's message.
 The call is not cut short: its messages and agreements ran to the end, so

@@ -1,7 +1,7 @@
 """Halo (ghost-cell) exchange on the process grid and its adjoint.
 
 :mod:`.exchange` holds :class:`~mpisphere.HaloExchange` and
-:mod:`.reduce` :class:`~mpisphere.HaloReduce`; :mod:`.call` runs one call
+:mod:`.reduce` :class:`~mpisphere.HaloReduce`; :mod:`mpisphere.halo.call` runs one call
 (the neighbour agreement in its messages, its phases); :mod:`.pattern`
 what a call moves (widths, neighbours, the moves of each phase),
 :mod:`.poles` what lies past the poles (one boundary class each),

@@ -1,6 +1,6 @@
 """One halo call: the neighbours' round opened for it, its phases run over the two links, one error where it fails.
 
-:class:`HaloCall` holds what an exchange built once (its pattern, its
+``HaloCall`` holds what an exchange built once (its pattern, its
 boundary past the poles, the message plans and the shared-memory link) and
 runs a call from them:
 

@@ -38,7 +38,7 @@ Agreement
 The ranks agree at construction, collectively over ``grid.cart`` (the
 same widths, extents, poles, signs and quadrature on every rank), and in
 every call with the neighbours only, by a header in front of each message
-(:mod:`.call`): the ranks whose result would use wrong data raise, naming
+(:mod:`mpisphere.halo.call`): the ranks whose result would use wrong data raise, naming
 the mistake's rank, and the others raise at the end of their next call
 (:mod:`mpisphere.agreement.failures`). Composed with other operators
 (``@``), an exchange takes part in the composition's agreement over the
@@ -46,7 +46,7 @@ whole grid, which is why it needs ``extents`` there.
 
 Where the parts live: the pattern (:mod:`.pattern`: widths, neighbours, the
 moves of a tile's phases), the boundary (:mod:`.poles`), the call
-(:mod:`.call`: the round and its phases), the links (:mod:`.plan` for
+(:mod:`mpisphere.halo.call`: the round and its phases), the links (:mod:`.plan` for
 messages, :mod:`.shared` for tiles shared on the node).
 :func:`~mpisphere.polar_halo_radius` (:mod:`mpisphere.geometry`) derives
 the halo width of a localized operator from the latitudes and the grid.

@@ -1,7 +1,7 @@
 """The Fourier side of a transform on a ring grid: whole rings from the azimuth ranks, one real FFT per ring length.
 
 On a ring grid the azimuth transpose, the real FFT and the truncation of a
-regular transform's analysis become two stages: :func:`ring_transpose`, a
+regular transform's analysis become two stages: ``ring_transpose``, a
 :class:`~mpisphere.Transpose` over ``grid.azimuth`` that gives every rank
 whole rings for its chunk of the batch (the points axis gathered with each
 azimuth rank's own count of points, the batch split), and ``RingFourier``,
