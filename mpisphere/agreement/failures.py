@@ -116,7 +116,9 @@ class Failures:
             return None
         self.raised.add(found["call"])
         culprit = found.get("culprit")
-        at = f" (the mistake at rank {culprit})" if culprit is not None else ""
+        # a rank's own input is one culprit; calls that do not match are a pair, each side naming the other
+        at = "" if culprit is None else f" (the mistake at rank {culprit})" if found.get("own") else \
+            f" (its call and rank {culprit}'s do not match)"
         error = InputError(
             f"{found['who']} failed on rank {found['rank']}{at} in an earlier call, halo call {found['call']} on this "
             "grid, which returned normally on this rank; this call completed here, and raises so that this rank "
