@@ -106,10 +106,11 @@ class PointInterpolation(LinearOperator):
         grid = tiling.grid
         # what the ranks compare: the arguments by name whichever form was used (a rank's differing points are
         # named "lats", not the position they had)
-        named = ({"grid": grid, "nlat": tiling.whole[0], "nlon": tiling.whole[1]}
-                 if isinstance(tiling, RegularTiling) else {"tiling": tiling})
-        self.__dict__["_built_with"] = {**named, "lats": lats, "lons": lons,
-                                        **({"quadrature": quadrature} if "grid" in named else {})}
+        if isinstance(tiling, RegularTiling):
+            self._arguments_are(grid=grid, nlat=tiling.whole[0], nlon=tiling.whole[1], lats=lats, lons=lons,
+                                quadrature=quadrature)
+        else:
+            self._arguments_are(tiling=tiling, lats=lats, lons=lons)
         # the points decide which rank owns what: every rank must pass the same (compared by their bytes)
         agree_construction(self, grid.cart, who=who)
         self.grid, self.tiling = grid, tiling

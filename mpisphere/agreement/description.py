@@ -139,6 +139,20 @@ class Described:
         recording._records_arguments = True
         cls.__init__ = recording
 
+    def _called_with(self):
+        """The arguments recorded for this object so far, by name (a copy; empty if none)."""
+        return dict(self.__dict__.get("_built_with") or {})
+
+    def _arguments_are(self, **arguments):
+        """Record ``arguments`` (by name) as the ones this object was built with, in place of the call's.
+
+        For a constructor whose positional arguments come in several forms
+        (a grid and extents, or a tiling): the ranks then compare the same
+        names whichever form each used. Call it before the description is
+        first used (the construction's agreement).
+        """
+        self.__dict__["_built_with"] = dict(arguments)
+
 
 def description_of(obj):
     """``Class(name=value, ...)`` of a :class:`Described` object, from every argument it was built with.

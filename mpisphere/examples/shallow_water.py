@@ -218,9 +218,8 @@ class ShallowWaterSolver(Described):
                  robert_asselin=0.05):
         grid, nlat, nlon, dt, lmax, mmax, rings = _grid_arguments(grid, args, nlat, nlon, dt, lmax, mmax)
         # what the ranks compare: every argument by name, whichever form the call used
-        built = {k: v for k, v in (self.__dict__.get("_built_with") or {}).items() if k not in ("grid", "args")}
-        self.__dict__["_built_with"] = {"grid": grid, **built, "nlat": nlat, "nlon": nlon, "dt": dt, "lmax": lmax,
-                                        "mmax": mmax}
+        built = {k: v for k, v in self._called_with().items() if k not in ("grid", "args")}
+        self._arguments_are(grid=grid, **{**built, "nlat": nlat, "nlon": nlon, "dt": dt, "lmax": lmax, "mmax": mmax})
         error = None
         tile = None  # this rank's tile, where a check needs it
         try:
