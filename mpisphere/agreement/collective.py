@@ -19,7 +19,8 @@ def cause_first(text, after):
     return cause
 
 
-_KINDS = {"TypeError": TypeError, "RuntimeError": RuntimeError, "MemoryError": MemoryError, "OSError": OSError,
+# the exception classes a finding keeps across ranks, by name (anything else arrives as a ValueError)
+KINDS = {"TypeError": TypeError, "RuntimeError": RuntimeError, "MemoryError": MemoryError, "OSError": OSError,
           "FileNotFoundError": FileNotFoundError, "FileExistsError": FileExistsError,
           "PermissionError": PermissionError, "ImportError": ImportError, "FloatingPointError": FloatingPointError}
 
@@ -38,7 +39,7 @@ def as_exception(who, errors, rank=None):
     :func:`printed_once`).
     """
     kinds = {kind for _, _, kind, _ in errors}
-    cls = _KINDS.get(next(iter(kinds)), ValueError) if len(kinds) == 1 else ValueError
+    cls = KINDS.get(next(iter(kinds)), ValueError) if len(kinds) == 1 else ValueError
     size = errors[0][1]
     groups = {}
     after = []  # the lines after the causes (what to do, then each rank's details), each different line once

@@ -24,13 +24,12 @@ such difference does: the agreement's stall report says who is where.
 """
 
 from .. import collectives
-from .collective import printed_once
+from .collective import KINDS, printed_once
 from .spec import InputError
 
 __all__ = ["Failures", "FAILURE_TAG", "begin_call", "raise_noted_failure"]
 
 FAILURE_TAG = 0x6D6678  # "mfx", on the grid's whole communicator
-_KINDS = {k.__name__: k for k in (ValueError, TypeError, RuntimeError, FloatingPointError, MemoryError, OSError)}
 
 
 class Failures:
@@ -52,8 +51,8 @@ class Failures:
         self.raised = set()
         self.closed = False  # the grid is being freed: no call raises an earlier failure any more
         self._before = 0     # halo calls completed before the outermost call now running began
-        self._kept = []   # notes about calls this rank has not completed yet
-        self._sent = []   # (request, note) of the notes this rank sent, completed as they go
+        self._kept = []   # notes read and not acted on yet (about calls this rank had not completed)
+        self._sent = []   # the requests of the notes this rank sent, completed as they go
 
     def begin(self):
         """An outermost call begins: the halo calls so far are the earlier ones it may raise for."""
@@ -80,15 +79,15 @@ class Failures:
                 "cause": cause, "own": bool(own)}
         # small messages, sent eagerly: they complete whether or not a rank reads them
         self._sent += [collectives.isend_object(self.comm, note, q, FAILURE_TAG) for q in range(size) if q != rank]
-        self._complete()
 
-    def _complete(self):
-        done = [r for r in self._sent if collectives.test(r)]
-        self._sent = [r for r in self._sent if r not in done]
+    def _read(self):
+        """Keep the notes that have arrived; drop the sends that have completed."""
+        self._kept += [note for _, note in collectives.receive_objects(self.comm, FAILURE_TAG)]
+        self._sent = [r for r in self._sent if not collectives.test(r)]
 
     def noted(self):
         """Whether a note about a halo call this rank did not raise in has arrived (read now, kept for later)."""
-        self._kept += [note for _, note in collectives.receive_objects(self.comm, FAILURE_TAG)]
+        self._read()
         return any(note.get("call") not in self.raised for note in self._kept)
 
     def finding(self):
@@ -99,8 +98,7 @@ class Failures:
         """
         if self.comm.Get_size() == 1 or self.closed:
             return None
-        self._kept += [note for _, note in collectives.receive_objects(self.comm, FAILURE_TAG)]
-        self._complete()
+        self._read()
         found, kept = None, []
         for note in self._kept:
             number = note.get("call")
@@ -123,7 +121,7 @@ class Failures:
             f"{found['who']} failed on rank {found['rank']}{at} in an earlier call, halo call {found['call']} on this "
             "grid, which returned normally on this rank; this call completed here, and raises so that this rank "
             f"does not go on alone\n  rank {found['rank']}: {found['cause']}",
-            _KINDS.get(found.get("kind"), ValueError))
+            KINDS.get(found.get("kind"), ValueError))
         error.culprit = culprit if found.get("own") else None
         return error
 
@@ -136,7 +134,6 @@ class Failures:
         collectives.receive_objects(self.comm, FAILURE_TAG)
         collectives.waitall(self._sent)
         self._sent, self._kept = [], []
-        self.raised.update(range(1, self.rounds + 1))
 
 
 def begin_call(comm):
