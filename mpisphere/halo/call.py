@@ -124,28 +124,27 @@ class HaloCall:
             if problems is None:
                 return
             after = []  # the findings' lines after their causes (what to do, details): at the end, each once
-            cause = lambda text: cause_first(text, after)  # noqa: E731
-            lines = [] if error is None else [f"this rank: {cause(error.text)}"]
+            first = lambda text: cause_first(text, after)  # noqa: E731
+            lines = [] if error is None else [f"this rank: {first(error.text)}"]
             for (source, tag), found in problems:
-                line = f"{FROM[tag if tag in FROM else tag - RECORD]} neighbour rank {source}: {cause(found)}"
+                line = f"{FROM[tag if tag in FROM else tag - RECORD]} neighbour rank {source}: {first(found)}"
                 if line not in lines:
                     lines.append(line)
             details = round_.details()
             shown = "" if not details else " [" + " | ".join(
-                [f"this rank: {cause(text)}"] + [f"rank {r}: {cause(e) if e else d}" for r, (e, d) in details.items()]
+                [f"this rank: {first(text)}"] + [f"rank {r}: {first(e) if e else d}" for r, (e, d) in details.items()]
             ) + "]"
             # one class on every rank the failure reaches: the mistake's own (a mismatch is a ValueError)
-            kind = error.kind if error is not None else round_.culprit[1] if round_.culprit else ValueError
-            culprit = round_.culprit[0] if round_.culprit else None
+            culprit, kind, own = round_.culprit or (None, ValueError, False)
+            kind = error.kind if error is not None else kind
             cause = f"rank {g.rank} of {g.size} (polar {g.polar_rank}, azimuth {g.azimuth_rank}) cannot exchange " \
                     "its halo: " + "; ".join(lines)
-            own = bool(round_.culprit and round_.culprit[2])
             g.cart.failures.announce(number, who, culprit, kind, cause, own)  # the ranks farther away raise next
             exc = kind(f"{who}: {cause}{shown}" + "".join(f"\n{line}" for line in after))
             # each rank's message is its own view (its neighbours); where the mistake is one rank's own input, that
             # rank prints its message in full and the others one line naming it (a pair of calls that do not
             # match has no one culprit: each rank prints its own)
-            if error is None and round_.culprit and round_.culprit[2]:
+            if error is None and own:
                 brief = f"rank {g.rank} of {g.size} cannot exchange its halo: the mistake at rank {culprit} " \
                         "reached it through its neighbours"
                 raise printed_once(exc, who, g.rank, culprit, brief, everywhere=False)
