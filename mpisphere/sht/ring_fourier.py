@@ -47,12 +47,6 @@ from .pipeline import LocalStage
 __all__ = ["RingFourier", "aliased_frequency", "ring_transpose"]
 
 
-def points_per_azimuth_rank(tiles):
-    """How many points of this rank's rings each azimuth rank holds (the same rings: one polar rank)."""
-    grid, nlon = tiles.grid, tiles.rings.nlon[tiles.local_rings]
-    return tuple(sum(split_sizes(int(n), grid.nazimuth)[q] for n in nlon) for q in range(grid.nazimuth))
-
-
 def ring_transpose(tiles, batch):
     """The azimuth transpose of a ring grid: ``(B, C, npoints)`` -> ``(B_a, C, npoints_whole)``, whole rings.
 
@@ -60,7 +54,10 @@ def ring_transpose(tiles, batch):
     gathered: every azimuth rank's points of this rank's rings, azimuth rank
     after azimuth rank (``RingFourier`` puts them ring after ring).
     """
-    return Transpose(tiles.grid.azimuth, axes=(0, 2), extents=(batch, points_per_azimuth_rank(tiles)))
+    grid = tiles.grid
+    row = grid.polar_rank * grid.nazimuth  # the ranks of this polar row hold the same rings (grid ranks: polar-major)
+    points = tuple(tiles.local_shape(row + q)[0] for q in range(grid.nazimuth))
+    return Transpose(grid.azimuth, axes=(0, 2), extents=(batch, points))
 
 
 def aliased_frequency(n, mmax):
