@@ -297,6 +297,12 @@ def test_a_field_on_either_tiling_is_written_and_read_through_the_tiling(grid, s
                                              again.read_field("t", sub.tiling(9, 12), "legendre-gauss"))
     with raises(ValueError, match="quadrature"):
         store.read_field("t", regular, "equiangular")
+    # something that is not a tiling, on the last rank only: every rank raises, naming it
+    last = grid.size - 1
+    given = (9, 12) if grid.rank == last else regular
+    with raises(TypeError, match=rf"rank {last} of {grid.size}: tiles must be the RingTiles .* a grid.tiling\(nlat, "
+                                 r"nlon\)\), got tuple"):
+        store.read_field("t", given, "legendre-gauss")
 
 
 def test_points_of_a_reduced_grid_round_trip_onto_every_grid_and_open_in_xarray(grid, shared):

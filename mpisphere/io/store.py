@@ -215,11 +215,11 @@ class FieldStore:
         ``quadrature``'s latitudes) or a :class:`~mpisphere.RingTiles` (points, as :meth:`write_points`).
         The other arguments as in :meth:`write_tiles`.
         """
-        if isinstance(tiling, RingTiles):
-            return self.write_points(name, part, tiling, dims=dims, coords=coords, attrs=attrs, append=append)
-        nlat, nlon = self._extents_of(tiling)
-        return self.write_tiles(name, part, nlat, nlon, quadrature, dims=dims, coords=coords, attrs=attrs,
-                                append=append)
+        if isinstance(tiling, RegularTiling):
+            return self.write_tiles(name, part, *tiling.whole, quadrature, dims=dims, coords=coords, attrs=attrs,
+                                    append=append)
+        # rings, or anything else: write_points refuses what is not a RingTiles, on every rank
+        return self.write_points(name, part, tiling, dims=dims, coords=coords, attrs=attrs, append=append)
 
     @collective
     def read_field(self, name, tiling, quadrature="equiangular"):
@@ -227,15 +227,9 @@ class FieldStore:
 
         Collective.
         """
-        if isinstance(tiling, RingTiles):
-            return self.read_points(name, tiling)
-        nlat, nlon = self._extents_of(tiling)
-        return self.read_tiles(name, nlat, nlon, quadrature)
-
-    @staticmethod
-    def _extents_of(tiling):
-        """``(nlat, nlon)`` of a regular tiling; anything else is passed on to write_tiles' own checks."""
-        return tiling.whole if isinstance(tiling, RegularTiling) else (tiling, None)
+        if isinstance(tiling, RegularTiling):
+            return self.read_tiles(name, *tiling.whole, quadrature)
+        return self.read_points(name, tiling)
 
     # --- coefficients -------------------------------------------------------------------------------
 
@@ -336,7 +330,8 @@ class FieldStore:
     def _of_rings(self, tiles):
         """``(meta, parts)`` of a ring grid's points: each rank's part is a set of rows of an ``(npoints, 1)`` plane."""
         if not isinstance(tiles, RingTiles):
-            raise InputError(f"tiles must be the RingTiles of the field's rings, got {type(tiles).__name__}",
+            raise InputError(f"tiles must be the RingTiles of the field's rings (or, for write_field and read_field, "
+                             f"a grid.tiling(nlat, nlon)), got {type(tiles).__name__}",
                              TypeError)
         if tiles.grid.size != self.grid.size or (tiles.grid.npolar, tiles.grid.nazimuth) != \
                 (self.grid.npolar, self.grid.nazimuth):
