@@ -1,5 +1,6 @@
 """HaloExchange on every grid: against a padded global field, adjoints, corners, bad input."""
 
+import contextlib
 import re
 import numpy
 import pytest
@@ -154,6 +155,16 @@ def test_a_mistake_reaches_the_diagonal_rank_with_its_class_and_its_rank(comm, m
             assert f"at rank {last}" in str(caught.value), str(caught.value)
 
 
+@contextlib.contextmanager
+def _column_of_four(comm):
+    """A 4 x 1 grid (skipped unless four ranks), a one-row, one-column halo on a 12 x 8 field, this rank's tile."""
+    from mpisphere import ProcessGrid
+    if comm.Get_size() != 4:
+        pytest.skip("the 4 x 1 grid: four ranks")
+    with ProcessGrid(comm, 4, 1) as grid:
+        yield grid, HaloExchange(grid, 1, 1, extents=(12, 8)), grid.local_shape(12, 8)
+
+
 @pytest.mark.mpi(min_size=4)
 @pytest.mark.also_at(4)
 @pytest.mark.parametrize("then", ["halo", "collective"])
@@ -161,13 +172,8 @@ def test_ranks_two_steps_from_a_mistake_raise_at_their_next_call(comm, then):
     """On 4 x 1 the last rank's mistake does not reach rank 0 in the call: rank 0 returns its (correct) result,
     and raises at its next call, halo or collective, with the mistake's class and rank, instead of going on
     while the ranks near the mistake raised (the next collective would wait for them)."""
-    from mpisphere import ProcessGrid
-    if comm.Get_size() != 4:
-        pytest.skip("the 4 x 1 grid: four ranks")
     last = comm.Get_size() - 1
-    with ProcessGrid(comm, 4, 1) as grid:
-        halo = HaloExchange(grid, 1, 1, extents=(12, 8))
-        h, w = grid.local_shape(12, 8)
+    with _column_of_four(comm) as (grid, halo, (h, w)):
         padded = numpy.ones((h + 2, w + 2), numpy.int8 if grid.rank == last else numpy.float64)
         raised = False
         try:
@@ -198,13 +204,8 @@ def test_ranks_two_steps_from_a_mistake_raise_at_their_next_call(comm, then):
 def test_after_a_failure_every_rank_raises_once_and_the_grid_goes_on(comm):
     """A program that catches the halo's error goes on: every rank raises exactly once for the mistake (the far
     ranks at the end of their next call), then the halo works again on every rank."""
-    from mpisphere import ProcessGrid
-    if comm.Get_size() != 4:
-        pytest.skip("the 4 x 1 grid: four ranks")
     last = comm.Get_size() - 1
-    with ProcessGrid(comm, 4, 1) as grid:
-        halo = HaloExchange(grid, 1, 1, extents=(12, 8))
-        h, w = grid.local_shape(12, 8)
+    with _column_of_four(comm) as (grid, halo, (h, w)):
         bad = numpy.ones((h + 2, w + 2), numpy.int8 if grid.rank == last else numpy.float64)
         raised = 0
         for step in range(4):
