@@ -117,6 +117,28 @@ def message_sizes(monkeypatch):
     return sizes
 
 
+def padded_reference(field, rows, cols):
+    """The global field with zero rows past the poles and periodic longitude columns (a halo's serial reference)."""
+    nlat, nlon = field.shape[-2:]
+    out = numpy.zeros(field.shape[:-2] + (nlat + 2 * rows, nlon + 2 * cols), field.dtype)
+    columns = (numpy.arange(nlon + 2 * cols) - cols) % nlon
+    out[..., rows:rows + nlat, :] = field[..., :, columns]
+    return out
+
+
+def expected_tile(grid, field, rows, cols):
+    """This rank's padded tile of :func:`padded_reference`: what a halo update must give it."""
+    lat, lon = grid.local_slices(*field.shape[-2:])
+    return padded_reference(field, rows, cols)[..., lat.start:lat.stop + 2 * rows, lon.start:lon.stop + 2 * cols]
+
+
+def near_ranks(grid, rank):
+    """Grid ranks in the 3x3 neighbourhood of ``rank`` (periodic in azimuth): the ranks a halo mistake reaches."""
+    p0, a0 = divmod(rank, grid.nazimuth)
+    return {p * grid.nazimuth + (a0 + da) % grid.nazimuth
+            for p in (p0 - 1, p0, p0 + 1) if 0 <= p < grid.npolar for da in (-1, 0, 1)}
+
+
 def await_failure_note(grid):
     """Wait until a halo failure's note (mpisphere.agreement.failures) has reached this rank.
 

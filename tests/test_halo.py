@@ -10,25 +10,12 @@ from mpisphere import config, dottest
 from mpisphere.halo import HaloExchange, HaloReduce
 from mpisphere.quadrature import latitudes
 
-from helpers import await_failure_note, message_sizes, raises, random_array, rank_rng, whole_message
+from helpers import await_failure_note, expected_tile, message_sizes, near_ranks, padded_reference, raises, \
+    random_array, rank_rng, whole_message
 
 pytestmark = pytest.mark.mpi
 
 NLAT, NLON = 13, 10  # uneven on 2 and 3 ranks both ways
-
-
-def padded_reference(field, rows, cols):
-    """The global field with zero rows past the poles and periodic longitude columns."""
-    nlat, nlon = field.shape[-2:]
-    out = numpy.zeros(field.shape[:-2] + (nlat + 2 * rows, nlon + 2 * cols), field.dtype)
-    columns = (numpy.arange(nlon + 2 * cols) - cols) % nlon
-    out[..., rows:rows + nlat, :] = field[..., :, columns]
-    return out
-
-
-def expected_tile(grid, field, rows, cols):
-    lat, lon = grid.local_slices(*field.shape[-2:])
-    return padded_reference(field, rows, cols)[..., lat.start:lat.stop + 2 * rows, lon.start:lon.stop + 2 * cols]
 
 
 @pytest.mark.parametrize("rows", [0, 1, 3])
@@ -107,6 +94,23 @@ def test_arrays_of_one_shape_in_turn_each_get_their_own_halo(grid, rng):
         array[..., rows:rows + h, cols:cols + w] = field[..., lat, lon]
         op.update(array)
         numpy.testing.assert_array_equal(array, expected_tile(grid, field, rows, cols))
+
+
+@pytest.mark.parametrize("rows, cols", [(1, 2), (2, 0)])
+def test_update_and_accumulate_in_turn_on_one_array(grid, rows, cols):
+    """The tangent-linear and adjoint steps of a model on one padded array: each direction sends its own blocks
+    (the copies planned for the array are kept per block, not per message tag)."""
+    op = HaloExchange(grid, rows, cols, extents=(NLAT, NLON))
+    h, w = grid.local_shape(NLAT, NLON)
+    local = rank_rng(grid.cart)
+    padded = numpy.zeros((2, h + 2 * rows, w + 2 * cols))
+    for _ in range(2):
+        for direction in ("update", "accumulate"):
+            padded[...] = local.standard_normal(padded.shape)
+            alone = padded.copy()
+            getattr(HaloExchange(grid, rows, cols, extents=(NLAT, NLON)), direction)(alone)  # a first call
+            getattr(op, direction)(padded)
+            numpy.testing.assert_array_equal(padded, alone)
 
 
 @pytest.mark.parametrize("force_staging", [False, True], ids=["direct", "staged"])
@@ -360,7 +364,7 @@ def test_a_rank_with_another_batch_raises_on_its_neighbours(grid, rng, debug, di
     x = field[:batch, lat, lon].copy() if direction == "forward" else padded.copy()
     run = getattr(op, direction)
     with config.override(debug=debug):
-        if grid.rank in _near(grid, 1):
+        if grid.rank in near_ranks(grid, 1):
             with raises(ValueError, match="cannot exchange its halo: .*(not making the same call|could not "
                                                  "complete its own exchange)"):
                 run(x)
@@ -368,13 +372,6 @@ def test_a_rank_with_another_batch_raises_on_its_neighbours(grid, rng, debug, di
             got = run(x)
             if direction in ("forward", "update"):
                 numpy.testing.assert_array_equal(got, padded)
-
-
-def _near(grid, rank):
-    """Grid ranks in the 3x3 neighbourhood of ``rank`` (periodic in azimuth)."""
-    p0, a0 = divmod(rank, grid.nazimuth)
-    return {p * grid.nazimuth + (a0 + da) % grid.nazimuth
-            for p in (p0 - 1, p0, p0 + 1) if 0 <= p < grid.npolar for da in (-1, 0, 1)}
 
 
 def test_halo_reduce_is_the_adjoint_as_an_operator(grid):
@@ -427,7 +424,7 @@ def test_a_halo_without_extents_against_one_with_them(grid, rng):
     for direction in ("forward", "adjoint"):
         op = without if grid.rank == 1 else with_extents
         arg = x if direction == "forward" else numpy.zeros((2, h + 2, w + 2))
-        if grid.rank in _near(grid, 1):
+        if grid.rank in near_ranks(grid, 1):
             with raises(ValueError, match="cannot exchange its halo"):
                 getattr(op, direction)(arg)
         else:
@@ -444,7 +441,7 @@ def test_two_different_halo_calls_on_neighbours_raise_instead_of_waiting(grid, r
     h, w = grid.local_shape(NLAT, NLON)
     rows_only, cols_only = HaloExchange(grid, 1, 0), HaloExchange(grid, 0, 1)
     x = rng.standard_normal((2, h, w))
-    if grid.rank in _near(grid, 1):
+    if grid.rank in near_ranks(grid, 1):
         with raises(ValueError, match="cannot exchange its halo"):
             (cols_only if grid.rank == 1 else rows_only).forward(x)
     else:

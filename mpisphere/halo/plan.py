@@ -66,16 +66,19 @@ class MessagePlan:
 
     def pack(self, tag, region):
         """Copy ``P[region]`` into the outgoing buffer of ``tag`` (``P``: the claimed array)."""
-        copy = self._copies.get((tag, True))
+        # keyed by the region too: update and accumulate send different blocks of one array with the same tag
+        key = (tag, True, region[0].start, region[1].start)
+        copy = self._copies.get(key)
         if copy is None:
-            copy = self._copies[tag, True] = packer(self._array, region, self.outgoing[tag][1])
+            copy = self._copies[key] = packer(self._array, region, self.outgoing[tag][1])
         copy()
 
     def unpack(self, tag, region):
         """Copy the incoming buffer of ``tag`` into ``P[region]`` (``P``: the claimed array)."""
-        copy = self._copies.get((tag, False))
+        key = (tag, False, region[0].start, region[1].start)
+        copy = self._copies.get(key)
         if copy is None:
-            copy = self._copies[tag, False] = unpacker(self._array, region, self.incoming[tag][1])
+            copy = self._copies[key] = unpacker(self._array, region, self.incoming[tag][1])
         copy()
 
     def request(self, tag, dest):
