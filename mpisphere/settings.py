@@ -127,12 +127,17 @@ class Config:
         node to read (default True, ``MPISPHERE_SHARED_MEMORY``). False sends
         them as messages, as between nodes. It may differ between ranks: each
         rank decides for the blocks it sends, and the receivers read either.
+    generation : int
+        Counts the settings of the switches that enter the description of
+        every call (``debug``, ``force_staging``; read only): a halo call
+        planned under some switches is replayed only while it has not moved.
     """
 
-    __slots__ = tuple("_" + name for name in _SWITCHES)
+    __slots__ = tuple("_" + name for name in _SWITCHES) + ("generation",)
 
     def __init__(self, environ=None):
         environ = os.environ if environ is None else environ
+        self.generation = 0
         self._debug = _parse_flag("MPISPHERE_DEBUG", environ.get("MPISPHERE_DEBUG", "0"), False)
         self._agreement = _parse_flag("MPISPHERE_AGREEMENT", environ.get("MPISPHERE_AGREEMENT", "1"), False)
         self._cuda_aware = _parse_flag("MPISPHERE_CUDA_AWARE", environ.get("MPISPHERE_CUDA_AWARE", ""), True)
@@ -151,6 +156,7 @@ class Config:
     @debug.setter
     def debug(self, value):
         self._debug = _check_flag("debug", value, False)
+        self.generation += 1
 
     @property
     def agreement(self):
@@ -175,6 +181,7 @@ class Config:
     @force_staging.setter
     def force_staging(self, value):
         self._force_staging = _check_flag("force_staging", value, False)
+        self.generation += 1
 
     @property
     def device_kernels(self):

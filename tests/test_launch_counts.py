@@ -167,7 +167,8 @@ def test_a_per_latitude_loop_is_caught(grid, monkeypatch):
 
 
 HALO = str(Path(PACKAGE) / "halo")
-HALO_WAITS = {(str(Path(HALO) / "shared.py"), "await_acknowledgements")}  # waits for the neighbours' reads
+# waits for the neighbours' reads, and a planned call's receives (it polls for as long as the messages take)
+HALO_WAITS = {(str(Path(HALO) / "shared.py"), "await_acknowledgements"), (str(Path(HALO) / "planned.py"), "_arrive")}
 
 
 @pytest.mark.parametrize("shared", [False, True], ids=["messages", "shared"])

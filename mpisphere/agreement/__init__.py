@@ -67,7 +67,7 @@ from .call import Call, canonical, collective, finding
 from .collective import agree, agree_construction, as_exception, cause_first, raise_everywhere, settle
 from .description import Described, call_description, describe_value, description_of, digest
 from .guard import REFUSED, CallGuard
-from .neighbours import HEADER_BYTES, NeighbourRound, message_buffer
+from .neighbours import HEADER_BYTES, NeighbourRound, header_words, message_buffer
 from .spec import Context, InputError, Spec
 
 __all__ = [
@@ -89,6 +89,7 @@ __all__ = [
     "finding",
     "NeighbourRound",
     "message_buffer",
+    "header_words",
     "HEADER_BYTES",
     "CallGuard",
     "REFUSED",

@@ -43,10 +43,11 @@ class Failures:
         The numbers of the halo calls this rank raised in (their notes are dropped here).
     """
 
-    __slots__ = ("comm", "rounds", "raised", "closed", "_before", "_kept", "_sent")
+    __slots__ = ("comm", "single", "rounds", "raised", "closed", "_before", "_kept", "_sent")
 
     def __init__(self, comm):
         self.comm = comm
+        self.single = comm.Get_size() == 1
         self.rounds = 0
         self.raised = set()
         self.closed = False  # the grid is being freed: no call raises an earlier failure any more
@@ -82,8 +83,11 @@ class Failures:
 
     def _read(self):
         """Keep the notes that have arrived; drop the sends that have completed."""
-        self._kept += [note for _, note in collectives.receive_objects(self.comm, FAILURE_TAG)]
-        self._sent = [r for r in self._sent if not collectives.test(r)]
+        arrived = collectives.receive_objects(self.comm, FAILURE_TAG)
+        if arrived:
+            self._kept += [note for _, note in arrived]
+        if self._sent:
+            self._sent = [r for r in self._sent if not collectives.test(r)]
 
     def noted(self):
         """Whether a note about a halo call this rank did not raise in has arrived (read now, kept for later)."""
@@ -96,9 +100,11 @@ class Failures:
         Reads the notes that have arrived (does not wait). The call is then
         counted as raised here, so the other notes about it are dropped.
         """
-        if self.comm.Get_size() == 1 or self.closed:
+        if self.single or self.closed:
             return None
         self._read()
+        if not self._kept:
+            return None
         found, kept = None, []
         for note in self._kept:
             number = note.get("call")

@@ -25,6 +25,19 @@ def _kind_code(kind):
 DETAILS_TAG = 0x6D74  # the full descriptions of a failed round, exchanged between the pairs that did not fit
 
 
+def header_words(code, tile, order, pattern, nbytes):
+    """The header (:data:`HEADER` int64 words) of a message from a rank whose call and own input are fine.
+
+    ``code``: the digest of the call's description; ``tile``: the sender's
+    ``(h, w)``; ``order``: which phase the call runs first; ``pattern``:
+    the optional messages it sends; ``nbytes``: the data behind the header.
+    A round's messages carry these words, with the flags of a problem and
+    the location of shared data where there are some; a planned call
+    (:mod:`mpisphere.halo.planned`) writes and expects exactly these.
+    """
+    return numpy.array([_MAGIC, 0, code, tile[0], tile[1], nbytes, order, pattern, 0, 0, 0, 0], numpy.int64)
+
+
 def message_buffer(like, shape, dtype):
     """A flat byte buffer for one message of a round, and the view of its data as an array of ``shape``.
 
@@ -155,8 +168,7 @@ class NeighbourRound:
         self._status = collectives.status()
         self._watch = Watch(comm, who)
         self._acknowledge = acknowledge
-        self._base = numpy.array([_MAGIC, 0, self.code, self.tile[0], self.tile[1], 0, self.order, self.pattern,
-                                  0, 0, 0, 0], numpy.int64)
+        self._base = header_words(self.code, self.tile, self.order, self.pattern, 0)
         self.shared = {}                   # key -> (location, the sender's tile) of data read in shared memory
         self._owed = {}                    # key -> location: shared data received and not acknowledged yet
         self.published = []                # (dest, tag) of the messages this rank sent with shared data
@@ -220,6 +232,10 @@ class NeighbourRound:
                 out = message
         self._post(out, dest, tag)
 
+    def has_sent(self, dest, tag):
+        """Whether this round has sent its message to ``dest`` with ``tag``."""
+        return (dest, tag) in self._sent
+
     def _post(self, out, dest, tag, request=None):
         """Start the send of the bytes ``out`` (its persistent ``request``, or a new one)."""
         if request is None:
@@ -252,6 +268,16 @@ class NeighbourRound:
         if landing is target:
             staging.prepare(target)
         collectives.mrecv_bytes(probed, landing, nbytes)
+        self.landed(key, landing, nbytes, fitting)
+
+    def landed(self, key, landing, nbytes, fitting):
+        """The message ``key`` (``nbytes``) was received into ``landing``: check its header, use it or drop it.
+
+        ``fitting``: ``landing`` is the caller's buffer for ``key`` (or the
+        host buffer staged for it) and the size is the expected one.
+        """
+        source, tag = key
+        target = self._targets.get(key)
         if nbytes < HEADER_BYTES:
             header = numpy.zeros(HEADER, numpy.int64)
         elif backend.is_device_array(landing):
@@ -271,6 +297,28 @@ class NeighbourRound:
             backend.copy_from_host(landing, target)
             # the next round's message lands in this pinned buffer: not before the copy has read it
             self.workspace.guard(f"nr-recv-{source}-{tag}", backend.is_device_array(target), target)
+
+    def adopt(self, sent, received):
+        """Take over a round that a planned call (:mod:`mpisphere.halo.planned`) began in this call.
+
+        ``sent``: ``(dest, tag, request, message)`` of the messages it
+        started, each with the header :func:`header_words` of this round;
+        ``received``: the keys whose messages arrived whole in their
+        targets with the headers this round expects of them. The round
+        then goes on as if it had sent and received them itself.
+        """
+        for dest, tag, request, message in sent:
+            self._sent.add((dest, tag))
+            self._sends.append((request, message))
+        for key in received:
+            self._pending.remove(key)
+            self._received.add(key)
+            self._usable[key] = True
+            self._patterns_seen.add(key[0])
+
+    def receive(self, key, probed, nbytes):
+        """Receive the message ``key`` that the caller matched (``MPI_Improbe``: ``probed``, ``nbytes``)."""
+        self._receive(key, probed, nbytes)
 
     def _on_header(self, key, header, nbytes):
         """Check a neighbour's header."""

@@ -48,8 +48,11 @@ from ..operators import FORWARD
 from ..settings import config
 from .pattern import FROM, RECORD, TO_EAST, TO_WEST
 from .plan import MessagePlan, add_runs
+from .planned import PlannedCall
 
 __all__ = ["HaloCall"]
+
+_PLANNED = 4  # planned calls kept per exchange (each holds its array)
 
 
 class HaloCall:
@@ -75,6 +78,7 @@ class HaloCall:
         self.workspace, self.link, self.describe, self.name = workspace, link, describe, name
         self.plans = backend.BoundedCache(4, drop=MessagePlan.free)
         self._codes = backend.BoundedCache(8)  # description -> its digest (the header's word 2)
+        self.planned = {}  # (direction, id of the array) -> PlannedCall, the last few arrays
         # the messages of every call, the same whatever the tile: received, sent, sent only without extents
         sends, receives = pattern.sends, pattern.receives
         records = extents is None  # without extents, the tiles are checked in a round of records first
@@ -86,11 +90,13 @@ class HaloCall:
         self._messages = (records, tuple(expected), tuple(every),
                           {(rank, tag + RECORD): 1 for tag, rank in receives.items()})
 
-    def round(self, who, description, error, tile, staged, order):
+    def round(self, who, description, error, tile, staged, order, number=None):
         """A :class:`NeighbourRound` for one call, and the function that ends it (raises on a problem).
 
         The function takes the number of the call when this rank left
         blocks in shared memory: it waits for their acknowledgements first.
+        ``number``: the call's number on the grid when a planned call
+        counted it already.
         """
         g = self.grid
         records, expected, every, optional = self._messages
@@ -115,7 +121,7 @@ class HaloCall:
         round_ = NeighbourRound(g.cart, who, text, tile, error, expected, fits, order=order, staged=staged,
                                 workspace=self.workspace, pattern=int(records), optional=optional,
                                 acknowledge=acknowledge, code=self._codes.get(text, lambda: digest(text)))
-        number = g.cart.failures.next_round()
+        number = g.cart.failures.next_round() if number is None else number
 
         def finish(sequence=None):
             problems = round_.finish(every)
@@ -196,22 +202,54 @@ class HaloCall:
             if round_.poisoned:
                 finish()
         sender = self.link.sender(self.grid.node_memory, P, config.shared_memory)
-        first, second = self.pattern.phases(h, w, gather)
+        self.steps(P, tile, gather, round_, finish, plan, sender, context)
+        if not gather and not in_place:
+            out[...] = P[..., r:r + h, c:c + w]
+        memory = self.grid.node_memory
+        if in_place and sender is None and type(x) is numpy.ndarray and self.extents is not None \
+                and not self.boundary.collective and not context.staged and (memory is None or memory.find(x) is None):
+            self._keep_planned(direction, x, who, description, round_.code)
+
+    def steps(self, P, tile, gather, round_, finish, plan, sender, context, start=0):
+        """The call's steps on the padded ``P`` from phase ``start`` on, and the round's end.
+
+        ``start`` > 0: a planned call ran the steps before that phase and
+        sent that phase's messages (:mod:`mpisphere.halo.planned`).
+        """
+        h, w = tile
+        phases = self.pattern.phases(h, w, gather)
+        if start == 0:
+            if gather:
+                self.pattern.wrap(P, h, w)
+            else:
+                self.boundary.give_back(P, h, w, context)
+        for index in range(start, len(phases)):
+            if index > start and not gather:  # the ring's halo columns go home between the phases
+                self.pattern.unwrap(P, h, w)
+            if not self.phase(P, phases[index], gather, round_, plan, sender):
+                break
+        finish(None if sender is None else sender[1])
         if gather:
-            self.pattern.wrap(P, h, w)
-            if self.phase(P, first, True, round_, plan, sender):
-                self.phase(P, second, True, round_, plan, sender)
-            finish(None if sender is None else sender[1])
             self.boundary.fill(P, h, w, context)
         else:
-            self.boundary.give_back(P, h, w, context)
-            if self.phase(P, first, False, round_, plan, sender):
-                self.pattern.unwrap(P, h, w)
-                self.phase(P, second, False, round_, plan, sender)
-            finish(None if sender is None else sender[1])
             self.pattern.clear(P, h, w)
-            if not in_place:
-                out[...] = P[..., r:r + h, c:c + w]
+
+    def _keep_planned(self, direction, P, who, description, code):
+        """Plan the next calls on ``P`` from this one, which went through on the message path."""
+        key = (direction, id(P))
+        found = self.planned.get(key)
+        if found is not None and found.fits(P):
+            return
+        if found is not None:
+            self.planned.pop(key).free()
+        if len(self.planned) >= _PLANNED:
+            self.planned.pop(next(iter(self.planned))).free()  # the oldest
+        self.planned[key] = PlannedCall(self, direction, P, who, description, code)
+
+    def replay(self, direction, P):
+        """The planned call for ``direction`` on ``P`` when it can replay this call, else ``None``."""
+        found = self.planned.get((direction, id(P)))
+        return found if found is not None and found.fits(P) else None
 
     def message_plan(self, P):
         if type(P) is numpy.ndarray:  # the common case, keyed without asking the backend
@@ -232,7 +270,7 @@ class HaloCall:
         incoming = []
         for move in moves:
             dest = sends.get(move.tag)
-            if dest is not None:
+            if dest is not None and not round_.has_sent(dest, move.tag):
                 message, buf = plan.outgoing[move.tag]
                 if sender is not None and buf is not None and not round_.poisoned and memory.on_node(dest):
                     round_.send(dest, move.tag, None, shared=(buf.nbytes, self.link.leave(P, move, sender, buf)))
@@ -258,5 +296,8 @@ class HaloCall:
         return not round_.poisoned
 
     def free(self):
-        """Drop the cached plans and their persistent requests (rebuilt on the next call)."""
+        """Drop the cached plans, the planned calls and their persistent requests (rebuilt on the next call)."""
+        for planned in self.planned.values():
+            planned.free()
+        self.planned.clear()
         self.plans.clear()

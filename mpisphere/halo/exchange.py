@@ -341,6 +341,9 @@ class HaloExchange(LinearOperator):
     def _run(self, direction, x, out, context):
         self._call.run(direction, x, out, context)
 
+    def _replay(self, direction, x):
+        return self._call.replay(direction, x)
+
     def free(self):
         """Drop the cached plans, their persistent requests and the scratch buffers (rebuilt on the next call).
 

@@ -105,33 +105,38 @@ class HaloPattern:
             tiles[rank] = (lat[p], lon[a])
         return tiles
 
-    def wrap(self, P, h, w):
-        """A one-rank ring: the halo columns of the interior rows from the rank's own tile."""
+    def ring_blocks(self, h, w):
+        """A one-rank ring's ``(interior block, halo block)`` pairs (none otherwise): :meth:`wrap` copies each
+        interior block into its halo block, :meth:`unwrap` adds the halo block back onto it."""
         if not self.ring:
-            return
+            return ()
         r, c = self.rows, self.cols
         inner = slice(r, r + h)
-        move_runs(P, (inner, slice(w, w + c)), (inner, slice(0, c)))
-        move_runs(P, (inner, slice(c, 2 * c)), (inner, slice(c + w, w + 2 * c)))
+        return (((inner, slice(w, w + c)), (inner, slice(0, c))),
+                ((inner, slice(c, 2 * c)), (inner, slice(c + w, w + 2 * c))))
+
+    def wrap(self, P, h, w):
+        """A one-rank ring: the halo columns of the interior rows from the rank's own tile."""
+        for interior, halo in self.ring_blocks(h, w):
+            move_runs(P, interior, halo)
 
     def unwrap(self, P, h, w):
         """The adjoint of :meth:`wrap`: a one-rank ring adds its halo columns onto the columns they copy."""
-        if not self.ring:
-            return
+        for interior, halo in self.ring_blocks(h, w):
+            P[(Ellipsis,) + interior] += P[(Ellipsis,) + halo]
+
+    def halo_blocks(self, h, w):
+        """The blocks of the halo: rows at full padded width, then the columns of the interior rows."""
         r, c = self.rows, self.cols
-        inner = slice(r, r + h)
-        P[..., inner, w:w + c] += P[..., inner, 0:c]
-        P[..., inner, c:2 * c] += P[..., inner, c + w:w + 2 * c]
+        H, W = h + 2 * r, w + 2 * c
+        rows = ((slice(0, r), slice(0, W)), (slice(r + h, H), slice(0, W))) if r else ()
+        cols = ((slice(r, r + h), slice(0, c)), (slice(r, r + h), slice(c + w, W))) if c else ()
+        return rows + cols
 
     def clear(self, P, h, w):
         """Zero the halo (rows at full padded width, then the columns of the interior rows)."""
-        r, c = self.rows, self.cols
-        if r:
-            P[..., 0:r, :] = 0
-            P[..., r + h:, :] = 0
-        if c:
-            P[..., r:r + h, 0:c] = 0
-            P[..., r:r + h, c + w:] = 0
+        for block in self.halo_blocks(h, w):
+            P[(Ellipsis,) + block] = 0
 
 
 def _neighbours(grid):

@@ -47,12 +47,17 @@ class ZeroPoles:
     def check(self, shape):
         return None
 
+    def blocks(self, h, W):
+        """The halo rows past a pole of a tile of ``h`` rows and ``W`` padded columns (none on the inner polar
+        ranks)."""
+        r, full = self.rows, slice(0, W)
+        return (((slice(0, r), full),) if self.north else ()) + (((slice(r + h, h + 2 * r), full),) if self.south
+                                                                 else ())
+
     def fill(self, P, h, w, context):
         """Zero the halo rows past a pole."""
-        if self.north:
-            P[..., 0:self.rows, :] = 0
-        if self.south:
-            P[..., self.rows + h:, :] = 0
+        for block in self.blocks(h, P.shape[-1]):
+            P[(Ellipsis,) + block] = 0
 
     def give_back(self, P, h, w, context):
         """Nothing goes home from past a pole (the halo is zeroed at the end of the call)."""

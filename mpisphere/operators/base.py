@@ -188,12 +188,16 @@ class LinearOperator(Described):
         :meth:`_output_in_place`, and ``_reserve`` and ``_run`` get ``out is
         x``).
         """
-        self._layouts()
-        if self._simple():
-            return self._forward(x, out) if direction == FORWARD else self._adjoint(x, out)
         label = label or direction
         who = f"{self.name}.{label}"
         comm = self._comm
+        replay = self._replay(direction, x) if in_place else None
+        if replay is not None:  # a call planned in an earlier one on the same array: nothing to check or agree
+            self._guarded(who, comm, lambda: self._refuse(comm, who, None, None, None), replay.run)
+            return x
+        self._layouts()
+        if self._simple():
+            return self._forward(x, out) if direction == FORWARD else self._adjoint(x, out)
         if comm is not None and comm == MPI.COMM_NULL:
             raise RuntimeError(f"{who}: the operator's communicator was freed (grid.free()); build the operator "
                                "on a live grid")
@@ -218,23 +222,39 @@ class LinearOperator(Described):
             except Exception as exc:  # noqa: BLE001 -- MemoryError, cupy's OutOfMemoryError, ...
                 error = InputError.from_exception(exc, f"allocating the buffers of this call ({result.describe()})")
         signature = f"{self._describe()} {label}{purpose}"
-        guard = self._guard()
-        if not guard.enter(lambda: self._refuse(comm, who, description, spec, signature)):
-            raise RuntimeError(f"{who}: {REFUSED} on this rank; the other ranks raise too when that call ends")
-        completed = False
-        if guard.outermost:
-            begin_call(comm)
-        try:
+
+        def call():
             context = self._agreement(comm, who, error, description, spec, signature)
             try:
                 (runner or self._run)(direction, x, out, context)
             except InputError as exc:  # a finding is raised as the exception it names, never as itself
                 raise exc.kind(f"{who}: {exc.text}") from None
-            completed = True
             return out
+        return self._guarded(who, comm, lambda: self._refuse(comm, who, description, spec, signature), call)
+
+    def _guarded(self, who, comm, refusal, call):
+        """``call()`` under the grid's guard; at the end of an outermost call, a failure noted elsewhere raises.
+
+        ``refusal``: what the guard's holder runs for this call when another
+        thread holds the guard (this rank then raises at once).
+        """
+        guard = self._guard()
+        if not guard.enter(refusal):
+            raise RuntimeError(f"{who}: {REFUSED} on this rank; the other ranks raise too when that call ends")
+        completed = False
+        if guard.outermost:
+            begin_call(comm)
+        try:
+            result = call()
+            completed = True
+            return result
         finally:
             if guard.leave() and completed:
                 raise_noted_failure(comm, who)  # a halo call that failed elsewhere (agreement.failures)
+
+    def _replay(self, direction, x):
+        """A call on ``x`` planned in an earlier one (an in-place call that needs no check), or ``None``."""
+        return None
 
     def _run(self, direction, x, out, context):
         """Do the work into ``out`` (already checked and agreed). Default: the simple protocol."""
