@@ -245,17 +245,15 @@ class HaloExchange(LinearOperator):
         return self._checked.get((direction, False, spec), lambda: self._check(direction, spec))
 
     def _output_in_place(self, direction, spec):
-        return self._checked.get((direction, True, spec), lambda: self._check_in_place(spec))
-
-    def _check_in_place(self, spec):
-        self._tile_of(spec, True)
-        return spec, spec.describe((-2, -1))
+        return self._checked.get((direction, True, spec), lambda: self._check(None, spec))
 
     def _check(self, direction, spec):
-        h, w = self._tile_of(spec, direction == ADJOINT)
-        if direction == FORWARD:
-            return spec.but(shape=spec.shape[:-2] + (h + 2 * self.rows, w + 2 * self.cols)), spec.describe((-2, -1))
-        return spec.but(shape=spec.shape[:-2] + (h, w)), spec.describe((-2, -1))
+        """The output's spec and the call's description; ``direction`` None: in place (the output is the input)."""
+        h, w = self._tile_of(spec, direction != FORWARD)
+        if direction is None:
+            return spec, spec.describe((-2, -1))
+        padded = (h + 2 * self.rows, w + 2 * self.cols) if direction == FORWARD else (h, w)
+        return spec.but(shape=spec.shape[:-2] + padded), spec.describe((-2, -1))
 
     def _reserve(self, direction, x, out):
         self._call.message_plan(out if direction == FORWARD else x)
@@ -334,8 +332,7 @@ class HaloExchange(LinearOperator):
         """A call refused on this rank: its messages still go out (headers only) and come in (dropped)."""
         error = InputError(REFUSED, RuntimeError)
         if self.boundary.collective:
-            raise_everywhere(self.grid.cart, who, error)
-            return
+            return raise_everywhere(self.grid.cart, who, error)
         self._call.round(who, None, error, (0, 0), False, 0)[1]()
 
     def _run(self, direction, x, out, context):
