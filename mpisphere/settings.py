@@ -39,6 +39,7 @@ _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 _SWITCHES = ("debug", "agreement", "cuda_aware", "force_staging", "device_kernels", "stall_report", "stall_deadline",
              "shared_memory")
+_DESCRIBED = ("debug", "force_staging")  # the switches every call's description names (config.generation)
 
 
 def _parse_flag(name, value, allow_none):
@@ -133,87 +134,36 @@ class Config:
         planned under some switches is replayed only while it has not moved.
     """
 
-    __slots__ = tuple("_" + name for name in _SWITCHES) + ("generation",)
+    __slots__ = _SWITCHES + ("generation",)
 
     def __init__(self, environ=None):
         environ = os.environ if environ is None else environ
-        self.generation = 0
-        self._debug = _parse_flag("MPISPHERE_DEBUG", environ.get("MPISPHERE_DEBUG", "0"), False)
-        self._agreement = _parse_flag("MPISPHERE_AGREEMENT", environ.get("MPISPHERE_AGREEMENT", "1"), False)
-        self._cuda_aware = _parse_flag("MPISPHERE_CUDA_AWARE", environ.get("MPISPHERE_CUDA_AWARE", ""), True)
-        self._force_staging = False
-        self._device_kernels = False
-        self._stall_report = _parse_seconds("MPISPHERE_STALL_REPORT", environ.get("MPISPHERE_STALL_REPORT", ""), 60.0)
-        self._stall_deadline = _parse_seconds("MPISPHERE_STALL_DEADLINE", environ.get("MPISPHERE_STALL_DEADLINE", ""),
-                                              None)
-        self._shared_memory = _parse_flag("MPISPHERE_SHARED_MEMORY", environ.get("MPISPHERE_SHARED_MEMORY", "1"),
-                                          False)
+        put = object.__setattr__  # the environment is checked by its own parsers
+        put(self, "generation", 0)
+        put(self, "debug", _parse_flag("MPISPHERE_DEBUG", environ.get("MPISPHERE_DEBUG", "0"), False))
+        put(self, "agreement", _parse_flag("MPISPHERE_AGREEMENT", environ.get("MPISPHERE_AGREEMENT", "1"), False))
+        put(self, "cuda_aware", _parse_flag("MPISPHERE_CUDA_AWARE", environ.get("MPISPHERE_CUDA_AWARE", ""), True))
+        put(self, "force_staging", False)
+        put(self, "device_kernels", False)
+        put(self, "stall_report", _parse_seconds("MPISPHERE_STALL_REPORT", environ.get("MPISPHERE_STALL_REPORT", ""),
+                                                 60.0))
+        put(self, "stall_deadline", _parse_seconds("MPISPHERE_STALL_DEADLINE",
+                                                   environ.get("MPISPHERE_STALL_DEADLINE", ""), None))
+        put(self, "shared_memory", _parse_flag("MPISPHERE_SHARED_MEMORY", environ.get("MPISPHERE_SHARED_MEMORY", "1"),
+                                               False))
 
-    @property
-    def debug(self):
-        return self._debug
-
-    @debug.setter
-    def debug(self, value):
-        self._debug = _check_flag("debug", value, False)
-        self.generation += 1
-
-    @property
-    def agreement(self):
-        return self._agreement
-
-    @agreement.setter
-    def agreement(self, value):
-        self._agreement = _check_flag("agreement", value, False)
-
-    @property
-    def cuda_aware(self):
-        return self._cuda_aware
-
-    @cuda_aware.setter
-    def cuda_aware(self, value):
-        self._cuda_aware = _check_flag("cuda_aware", value, True)
-
-    @property
-    def force_staging(self):
-        return self._force_staging
-
-    @force_staging.setter
-    def force_staging(self, value):
-        self._force_staging = _check_flag("force_staging", value, False)
-        self.generation += 1
-
-    @property
-    def device_kernels(self):
-        return self._device_kernels
-
-    @device_kernels.setter
-    def device_kernels(self, value):
-        self._device_kernels = _check_flag("device_kernels", value, False)
-
-    @property
-    def stall_report(self):
-        return self._stall_report
-
-    @stall_report.setter
-    def stall_report(self, value):
-        self._stall_report = _check_seconds("stall_report", value)
-
-    @property
-    def stall_deadline(self):
-        return self._stall_deadline
-
-    @stall_deadline.setter
-    def stall_deadline(self, value):
-        self._stall_deadline = _check_seconds("stall_deadline", value)
-
-    @property
-    def shared_memory(self):
-        return self._shared_memory
-
-    @shared_memory.setter
-    def shared_memory(self, value):
-        self._shared_memory = _check_flag("shared_memory", value, False)
+    def __setattr__(self, name, value):
+        # checked here, read as plain attributes: a switch read on every call of a halo costs no Python call
+        if name not in _SWITCHES:
+            raise AttributeError(f"mpisphere.config.{name} is read only" if name == "generation" else
+                                 f"mpisphere.config has no switch {name!r}; it has {', '.join(_SWITCHES)}")
+        if name in ("stall_report", "stall_deadline"):
+            value = _check_seconds(name, value)
+        else:
+            value = _check_flag(name, value, name == "cuda_aware")
+        object.__setattr__(self, name, value)
+        if name in _DESCRIBED:
+            object.__setattr__(self, "generation", self.generation + 1)
 
     def override(self, **switches):
         """Context manager that sets switches and restores them on exit.

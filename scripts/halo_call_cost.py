@@ -7,8 +7,10 @@ For each grid, on a 361 x 720 float64 field with a halo of 4 rows and 4
 columns, in a steady loop (``--calls`` calls each, after a warm-up):
 
 ``update`` / ``accumulate``
-    ``HaloExchange.update`` / ``accumulate`` on one plain padded array,
-    replayed from the plan its first call made (``mpisphere.halo.planned``);
+    ``HaloExchange.update`` / ``accumulate`` on one plain padded array and
+    on one from ``halo.zeros`` (its blocks left in memory shared on the
+    node), replayed from the plan its first call made
+    (``mpisphere.halo.planned``);
 ``replay alone``
     the planned call's ``run`` without the operator's entry (the guard, the
     failure-note check, the plan's lookup);
@@ -22,6 +24,7 @@ mpisphere whose code an ``update`` and an ``accumulate`` run
 """
 
 import argparse
+import itertools
 import sys
 import time
 
@@ -72,10 +75,13 @@ def main(argv=None):
         grid = ProcessGrid(MPI.COMM_WORLD, npolar, nazimuth)
         halo = HaloExchange(grid, 4, 4, extents=(361, 720))
         h, w = grid.local_shape(361, 720)
-        padded = numpy.random.default_rng(grid.rank).random((args.fields, h + 8, w + 8))
-        by_hand = padded.copy()
+        plain = numpy.random.default_rng(grid.rank).random((args.fields, h + 8, w + 8))
+        shared = halo.zeros((args.fields,))
+        shared[...] = plain
+        by_hand = plain.copy()
         hand = dict(zip(("update", "accumulate"), hand_written_halo(grid, by_hand, 4, 4)))
-        for direction, name in (("update", "forward"), ("accumulate", "adjoint")):
+        for (direction, name), (tile, padded) in itertools.product(
+                (("update", "forward"), ("accumulate", "adjoint")), (("plain", plain), ("shared", shared))):
             call = getattr(halo, direction)
             call(padded)
             call(padded)  # planned by the first
@@ -87,8 +93,8 @@ def main(argv=None):
             yardstick = median_us(grid, hand[direction], args.calls)
             modules = modules_run(lambda: call(padded))
             if grid.rank == 0:
-                print(f"{npolar}x{nazimuth} {args.fields:3d} fields {direction:10s} {whole:7.1f} us, replay alone "
-                      f"{alone:7.1f} us, hand-written {yardstick:7.1f} us (x{whole / yardstick:.2f}); "
+                print(f"{npolar}x{nazimuth} {args.fields:3d} fields {direction:10s} {tile:6s} {whole:7.1f} us, "
+                      f"replay alone {alone:7.1f} us, hand-written {yardstick:7.1f} us (x{whole / yardstick:.2f}); "
                       f"{len(modules)} modules: {', '.join(modules)}", flush=True)
             padded[...] = 0.5  # accumulate doubles the interior: keep the values bounded
         halo.free()

@@ -19,14 +19,19 @@ NLAT, NLON = 13, 10  # uneven on 2 and 3 ranks both ways
 
 @pytest.fixture
 def replays(monkeypatch):
-    """The number of calls this rank replayed (a list of one count)."""
-    count = [0]
-    run = PlannedCall.run
+    """The number of calls this rank replayed (a list of one count), and of those handed over (the second)."""
+    count = [0, 0]
+    run, hand_over = PlannedCall.run, PlannedCall._hand_over
 
     def counted(self):
         count[0] += 1
         return run(self)
+
+    def counted_hand_over(self, *args):
+        count[1] += 1
+        return hand_over(self, *args)
     monkeypatch.setattr(PlannedCall, "run", counted)
+    monkeypatch.setattr(PlannedCall, "_hand_over", counted_hand_over)
     return count
 
 
@@ -138,17 +143,50 @@ def test_a_neighbour_that_differs_while_this_rank_replays(grid, mistake, rows, c
 
 
 @pytest.mark.mpi(min_size=2)
-def test_a_neighbour_with_a_shared_tile_while_this_rank_replays(grid, replays):
-    """Rank 1's blocks stay in memory shared on the node (headers alone): a replaying neighbour hands its call
-    over to the full round, which reads them there; every result is the halo of the field."""
+@pytest.mark.parametrize("direction", ["update", "accumulate"])
+def test_a_neighbour_that_turns_to_a_shared_tile_while_this_rank_replays(grid, direction, replays):
+    """Rank 1's blocks start to stay in memory shared on the node (headers alone): a replaying neighbour hands
+    its call over to the full round, which reads them there, and plans the next calls from it; every result is
+    the one of the first calls, bit for bit."""
     op = HaloExchange(grid, 2, 2, extents=(NLAT, NLON))
-    field = numpy.random.default_rng(11).standard_normal((2, NLAT, NLON))
-    padded = _padded(grid, field, 2, 2)
-    op.update(padded)
+    call = getattr(op, direction)
+    local = rank_rng(grid.cart)
+    values = local.standard_normal(_padded(grid, numpy.zeros((2, NLAT, NLON)), 2, 2).shape)
+    padded = values.copy()
+    call(padded)
     shared = op.zeros((2,))
     mine = shared if grid.rank == 1 else padded
-    for _ in range(2):
-        mine[...] = _padded(grid, field, 2, 2)
-        op.update(mine)
-        numpy.testing.assert_array_equal(mine, expected_tile(grid, field, 2, 2))
-    assert replays[0] == (0 if grid.rank == 1 else 2)
+    for _ in range(3):
+        mine[...] = values
+        call(mine)
+        first = values.copy()
+        getattr(HaloExchange(grid, 2, 2, extents=(NLAT, NLON)), direction)(first)  # a first call, messages only
+        numpy.testing.assert_array_equal(mine, first)
+    neighbour = 1 in op.pattern.receives.values()  # receives blocks from rank 1 (the diagonal ranks do not)
+    # rank 1: planned by its first call on the shared tile; its neighbours: one hand-over, then the new plan
+    assert replays == ([2, 0] if grid.rank == 1 else [3, 1] if neighbour else [3, 0]), replays
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("direction", ["update", "accumulate"])
+def test_replays_on_shared_tiles_are_the_first_calls_bit_for_bit(grid, direction, replays):
+    """Every rank on a tile from zeros(): the blocks stay in the windows, read and acknowledged by replays."""
+    op = HaloExchange(grid, 2, 3, extents=(NLAT, NLON))
+    shared = op.zeros((2,))
+    local = rank_rng(grid.cart)
+    for step in range(3):
+        shared[...] = local.standard_normal(shared.shape)
+        first = shared.copy()
+        getattr(HaloExchange(grid, 2, 3, extents=(NLAT, NLON)), direction)(first)  # a first call, messages only
+        getattr(op, direction)(shared)
+        numpy.testing.assert_array_equal(shared, first)
+    assert replays == [2, 0], replays
+    with config.override(shared_memory=False):  # the same tiles, as messages: planned apart
+        for step in range(2):
+            shared[...] = local.standard_normal(shared.shape)
+            first = shared.copy()
+            getattr(HaloExchange(grid, 2, 3, extents=(NLAT, NLON)), direction)(first)
+            getattr(op, direction)(shared)
+            numpy.testing.assert_array_equal(shared, first)
+    getattr(op, direction)(shared)
+    assert replays == [4, 0], replays

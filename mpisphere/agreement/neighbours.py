@@ -25,17 +25,21 @@ def _kind_code(kind):
 DETAILS_TAG = 0x6D74  # the full descriptions of a failed round, exchanged between the pairs that did not fit
 
 
-def header_words(code, tile, order, pattern, nbytes):
+def header_words(code, tile, order, pattern, nbytes, location=None):
     """The header (:data:`HEADER` int64 words) of a message from a rank whose call and own input are fine.
 
     ``code``: the digest of the call's description; ``tile``: the sender's
     ``(h, w)``; ``order``: which phase the call runs first; ``pattern``:
-    the optional messages it sends; ``nbytes``: the data behind the header.
-    A round's messages carry these words, with the flags of a problem and
-    the location of shared data where there are some; a planned call
+    the optional messages it sends; ``nbytes``: the data behind the header,
+    or left in shared memory at ``location`` (three integers; the header
+    then goes alone, flagged). A round's messages carry these words, with
+    the flags of a problem where there is one; a planned call
     (:mod:`mpisphere.halo.planned`) writes and expects exactly these.
     """
-    return numpy.array([_MAGIC, 0, code, tile[0], tile[1], nbytes, order, pattern, 0, 0, 0, 0], numpy.int64)
+    words = numpy.array([_MAGIC, 0, code, tile[0], tile[1], nbytes, order, pattern, 0, 0, 0, 0], numpy.int64)
+    if location is not None:
+        words[1], words[8:11] = _SHARED, location
+    return words
 
 
 def message_buffer(like, shape, dtype):
@@ -298,23 +302,30 @@ class NeighbourRound:
             # the next round's message lands in this pinned buffer: not before the copy has read it
             self.workspace.guard(f"nr-recv-{source}-{tag}", backend.is_device_array(target), target)
 
-    def adopt(self, sent, received):
+    def adopt(self, sent, received, published=(), shared=None):
         """Take over a round that a planned call (:mod:`mpisphere.halo.planned`) began in this call.
 
         ``sent``: ``(dest, tag, request, message)`` of the messages it
-        started, each with the header :func:`header_words` of this round;
-        ``received``: the keys whose messages arrived whole in their
-        targets with the headers this round expects of them. The round
-        then goes on as if it had sent and received them itself.
+        started, each with the header :func:`header_words` of this round,
+        ``published`` the ``(dest, tag)`` among them whose data it left in
+        shared memory; ``received``: the keys whose messages arrived with
+        the headers this round expects of them, whole in their targets or,
+        for the keys of ``shared`` (``key -> (location, the sender's
+        tile)``), as headers whose data lies in shared memory, not read yet.
+        The round then goes on as if it had sent and received them itself.
         """
         for dest, tag, request, message in sent:
             self._sent.add((dest, tag))
             self._sends.append((request, message))
+        self.published += list(published)
         for key in received:
             self._pending.remove(key)
             self._received.add(key)
             self._usable[key] = True
             self._patterns_seen.add(key[0])
+        for key, (location, tile) in (shared or {}).items():
+            self._owed[key] = location
+            self.shared[key] = (location, tile)
 
     def receive(self, key, probed, nbytes):
         """Receive the message ``key`` that the caller matched (``MPI_Improbe``: ``probed``, ``nbytes``)."""

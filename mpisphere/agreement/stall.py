@@ -29,11 +29,14 @@ from ..settings import config
 from ..waiting import WaitLoop
 from .differing import ranks_text
 
-__all__ = ["wait", "Watch", "STALL_TAG", "ExitNotice", "call_site"]
+__all__ = ["wait", "Watch", "STALL_TAG", "ExitNotice", "call_site", "YIELD_FIRST"]
 
 STALL_TAG = 0x6D7374
 _SPIN = 0.05          # seconds of yielding polls before the loop sleeps between them
 _NAP = 0.001          # the sleep of a long wait: its latency once a wait has lasted _SPIN
+# a replayed halo call waits this long by yielding the core (as the loop's first _SPIN seconds do) before it
+# builds a Watch, whose clock starts then: a neighbour a few microseconds behind costs no objects
+YIELD_FIRST = 0.001
 _GATHER = 2.0         # seconds the report waits for the other ranks' notes
 
 

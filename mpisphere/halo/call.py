@@ -52,7 +52,7 @@ from .planned import PlannedCall
 
 __all__ = ["HaloCall"]
 
-_PLANNED = 4  # planned calls kept per exchange (each holds its array)
+_PLANNED = 4  # arrays whose calls an exchange keeps planned (each plan holds its array)
 
 
 class HaloCall:
@@ -78,7 +78,7 @@ class HaloCall:
         self.workspace, self.link, self.describe, self.name = workspace, link, describe, name
         self.plans = backend.BoundedCache(4, drop=MessagePlan.free)
         self._codes = backend.BoundedCache(8)  # description -> its digest (the header's word 2)
-        self.planned = {}  # (direction, id of the array) -> PlannedCall, the last few arrays
+        self.planned = {}  # (direction, id of the array) -> its PlannedCalls (one per shared_memory setting)
         # the messages of every call, the same whatever the tile: received, sent, sent only without extents
         sends, receives = pattern.sends, pattern.receives
         records = extents is None  # without extents, the tiles are checked in a round of records first
@@ -205,10 +205,9 @@ class HaloCall:
         self.steps(P, tile, gather, round_, finish, plan, sender, context)
         if not gather and not in_place:
             out[...] = P[..., r:r + h, c:c + w]
-        memory = self.grid.node_memory
-        if in_place and sender is None and type(x) is numpy.ndarray and self.extents is not None \
-                and not self.boundary.collective and not context.staged and (memory is None or memory.find(x) is None):
-            self._keep_planned(direction, x, who, description, round_.code)
+        if in_place and type(x) is numpy.ndarray and self.extents is not None and not self.boundary.collective \
+                and not context.staged:
+            self._keep_planned(direction, x, who, description, round_.code, round_.shared)
 
     def steps(self, P, tile, gather, round_, finish, plan, sender, context, start=0):
         """The call's steps on the padded ``P`` from phase ``start`` on, and the round's end.
@@ -234,22 +233,38 @@ class HaloCall:
         else:
             self.pattern.clear(P, h, w)
 
-    def _keep_planned(self, direction, P, who, description, code):
-        """Plan the next calls on ``P`` from this one, which went through on the message path."""
+    def _keep_planned(self, direction, P, who, description, code, arrived):
+        """Plan the next calls on ``P`` from this one, which went through (``arrived``: the blocks it read in
+        shared memory, ``NeighbourRound.shared``)."""
         key = (direction, id(P))
-        found = self.planned.get(key)
-        if found is not None and found.fits(P):
-            return
-        if found is not None:
-            self.planned.pop(key).free()
-        if len(self.planned) >= _PLANNED:
-            self.planned.pop(next(iter(self.planned))).free()  # the oldest
-        self.planned[key] = PlannedCall(self, direction, P, who, description, code)
+        kept = []
+        for planned in self.planned.pop(key, ()):
+            if planned.current(P):
+                kept.append(planned)
+            else:
+                planned.free()
+        if not any(planned.fits(P) for planned in kept):
+            while len(self.planned) >= _PLANNED:
+                for planned in self.planned.pop(next(iter(self.planned))):  # the oldest array's
+                    planned.free()
+            # a shared window keeps a plan for each setting of config.shared_memory (blocks left there, or sent)
+            kept.append(PlannedCall(self, direction, P, who, description, code, arrived))
+        self.planned[key] = kept
+
+    def replan(self, planned, code, arrived):
+        """Replace ``planned`` by a plan of the call it handed over, which went through."""
+        plans = self.planned.get((planned.direction, id(planned.array)), [])
+        if planned in plans:
+            plans.remove(planned)
+            planned.free()
+        self._keep_planned(planned.direction, planned.array, planned.who, planned.description, code, arrived)
 
     def replay(self, direction, P):
-        """The planned call for ``direction`` on ``P`` when it can replay this call, else ``None``."""
-        found = self.planned.get((direction, id(P)))
-        return found if found is not None and found.fits(P) else None
+        """The planned call for ``direction`` on ``P`` when one can replay this call, else ``None``."""
+        for planned in self.planned.get((direction, id(P)), ()):
+            if planned.fits(P):
+                return planned
+        return None
 
     def message_plan(self, P):
         if type(P) is numpy.ndarray:  # the common case, keyed without asking the backend
@@ -297,7 +312,8 @@ class HaloCall:
 
     def free(self):
         """Drop the cached plans, the planned calls and their persistent requests (rebuilt on the next call)."""
-        for planned in self.planned.values():
-            planned.free()
+        for plans in self.planned.values():
+            for planned in plans:
+                planned.free()
         self.planned.clear()
         self.plans.clear()

@@ -25,7 +25,7 @@ from .. import backend, collectives
 from ..agreement import message_buffer
 
 __all__ = ["MessagePlan", "copy_runs", "move_runs", "add_runs", "adder", "copier", "packer", "unpacker", "zeroer",
-           "add_between"]
+           "add_between", "between_adder"]
 
 
 class MessagePlan:
@@ -234,13 +234,17 @@ def add_between(P, region, Q, source, workspace):
     Element by element, the same sums as :func:`add_runs` on a packed copy
     of ``Q[source]``: the result is bitwise the message path's.
     """
+    for step in between_adder(P, region, Q, source, workspace):
+        step()
+
+
+def between_adder(P, region, Q, source, workspace):
+    """The steps of :func:`add_between` (functions of no arguments), planned once."""
     runs = _runs(P, region)
     if runs is None or runs.dtype.itemsize > 256:  # long runs: added at full speed in place, one pass
         target = P[(Ellipsis,) + region]
-        numpy.add(target, Q[(Ellipsis,) + source], out=target)
-        return
+        return (functools.partial(numpy.add, target, Q[(Ellipsis,) + source], out=target),)
     rows, cols = source
     shape = Q.shape[:-2] + (rows.stop - rows.start, cols.stop - cols.start)
     packed = workspace.scratch("add-between", Q, math.prod(shape)).reshape(shape)
-    copy_runs(packed, Q, source)
-    add_runs(P, packed, region, workspace)
+    return (packer(Q, source, packed),) + adder(P, packed, region, workspace)

@@ -1,26 +1,37 @@
-"""A halo call planned once and replayed: the message path of one padded array, nothing decided per call.
+"""A halo call planned once and replayed: one padded array's call over both links, nothing decided per call.
 
 The first in-place call (``update`` or ``accumulate``) on a padded host
 array runs the whole protocol (:mod:`mpisphere.halo.call`): the input
 checked, the neighbours' round, each header read word by word. When that
-call went through without a problem and every block went as a message, it
-leaves a ``PlannedCall`` for the same array: its copies as NumPy views made
-once, the header of each message it sends, the header it expects of each
-message it receives (the neighbours' tiles follow from ``extents``) and
-the persistent sends. The next calls on the same array (the same object,
-shape, strides and dtype, still writeable, no switch of
-``mpisphere.config`` set since) replay it: pack, start the sends, receive,
-compare each header with the expected one as 96 bytes, unpack. Nothing is
-allocated and no description is built.
+call went through without a problem, it leaves a ``PlannedCall`` for the
+same array, made from what the call did block by block:
 
-Anything else hands the call over to the full round where it stands,
-with what was sent and received so far (``NeighbourRound.adopt``): a
-message of another size, a header that differs in any word (another call,
-a neighbour's own finding, a poisoned round, data left in shared memory,
-the phases in the other order). The messages are the round's own, so a
-neighbour cannot tell which path a rank took, and what the round
-guarantees (every rank whose result would use wrong data raises, no message
-is left behind, a rank's failure is noted for the grid) holds for both.
+* a block sent as a message: its packing as NumPy views, its header, its
+  persistent send;
+* a block left in this rank's shared window (an array from
+  ``HaloExchange.zeros``, a neighbour on the node): its packing behind the
+  tile, the window's memory barrier, its header with where the block lies;
+  at the end, the wait for the neighbours' acknowledgements;
+* a block received as a message: the header expected in front of it (the
+  neighbours' tiles follow from ``extents``), its unpacking or its sum;
+* a block a neighbour left in shared memory: the header expected (but the
+  word that numbers the neighbour's call), the copy or sum straight from
+  the neighbour's memory as views, the acknowledgement.
+
+The next calls on the same array (the same object, shape, strides and
+dtype, still writeable; ``debug`` and ``force_staging`` not set since, and
+``shared_memory`` as it was for a shared window) replay it and compare each
+header they receive with the expected one as 96 bytes. Nothing is allocated
+and no description is built.
+
+Anything else hands the call over to the full round where it stands, with
+what was sent and received so far (``NeighbourRound.adopt``): a message of
+another size, a header that differs (another call, a neighbour's own
+finding, a poisoned round, a neighbour that changed how it sends, the
+phases in the other order). The messages are the round's own, so a
+neighbour cannot tell which path a rank took, and what the round guarantees
+(every rank whose result would use wrong data raises, no message is left
+behind, a rank's failure is noted for the grid) holds for both.
 """
 
 import functools
@@ -31,16 +42,14 @@ import numpy
 
 from .. import collectives
 from ..agreement import HEADER_BYTES, header_words
-from ..agreement.stall import Watch
+from ..agreement.stall import YIELD_FIRST, Watch
 from ..operators import FORWARD
 from ..settings import config
 from .plan import adder, copier, packer, unpacker, zeroer
 
 __all__ = ["PlannedCall"]
 
-# a neighbour a few microseconds behind is waited for by yielding the core (as the wait loop's first 50 ms do);
-# after this long the wait goes to the stall watch (``mpisphere.agreement.stall.Watch``), whose clock starts then
-_YIELD_FIRST = 0.001
+_CALL_WORD = 9  # the header word that numbers the sender's calls leaving data in shared memory
 
 
 class PlannedCall:
@@ -49,7 +58,7 @@ class PlannedCall:
     Parameters
     ----------
     call : HaloCall
-        The exchange's calls (its pattern, boundary, plans and rounds).
+        The exchange's calls (its pattern, boundary, plans, link and rounds).
     direction : {"forward", "adjoint"}
         ``update`` (gathering) or ``accumulate``.
     P : numpy.ndarray
@@ -58,59 +67,51 @@ class PlannedCall:
         The call's name and description, as the round that planned it had them.
     code : int
         The digest of ``description`` (the headers' word 2).
+    arrived : dict
+        ``(source, tag) -> (location, the sender's tile)`` of the blocks
+        that call read in shared memory (``NeighbourRound.shared``).
 
     Notes
     -----
-    Holds ``P`` (and views of it) until it is dropped: the exchange keeps
-    the planned calls of its last few arrays (:meth:`HaloCall.replay`) and
-    drops them with ``HaloExchange.free``.
+    Holds ``P`` (and views of it and of the neighbours' shared tiles) until
+    it is dropped: the exchange keeps the planned calls of its last few
+    arrays (``HaloCall.replay``) and drops them with ``HaloExchange.free``.
     """
 
-    def __init__(self, call, direction, P, who, description, code):
+    def __init__(self, call, direction, P, who, description, code, arrived):
         grid, pattern = call.grid, call.pattern
         gather = direction == FORWARD
-        r, c = call.rows, call.cols
-        h, w = P.shape[-2] - 2 * r, P.shape[-1] - 2 * c
+        h, w = P.shape[-2] - 2 * call.rows, P.shape[-1] - 2 * call.cols
         self.call, self.direction, self.who, self.description = call, direction, who, description
         self.array, self.shape, self.strides, self.dtype = P, P.shape, P.strides, P.dtype
         self.generation = config.generation
         self.tile, self.order = (h, w), 0 if gather else 1
         self.comm, self.failures = grid.cart, grid.cart.failures
-        self.plan = plan = call.message_plan(P)
+        self.plan = call.message_plan(P)
         self.status = collectives.status()
+        self.memory = memory = grid.node_memory
+        self.record = record = None if memory is None else memory.find(P)
+        self.shared_memory = None if record is None else config.shared_memory  # checked again for a window
+        leaves = record is not None and config.shared_memory
         tiles = pattern.neighbour_tiles(grid, call.extents)
-        self._own_requests = []  # the persistent sends of header-only messages (zero-width blocks)
-        self.expect = {}         # key -> (landing buffer, its first 96 bytes, the header expected there)
+        self._own_requests = []  # the persistent sends of headers that go alone
+        self.expect = {}         # key -> (landing buffer, its first 96 bytes, the header expected, its words or None)
+        self.arrived = {}        # key -> (location, tile) of a block read in shared memory, this call's
         self.phases = []         # (sends, keys received, steps after the phase)
+        self.published = []      # (dest, tag) of the blocks left in shared memory
         ring = pattern.ring_blocks(h, w)
-        before = [copier(P, halo, P, interior) for interior, halo in ring] if gather else []
-        self.before = tuple(before)
+        self.before = tuple(copier(P, halo, P, interior) for interior, halo in ring) if gather else ()
         for index, moves in enumerate(pattern.phases(h, w, gather)):
             sends, keys, after = [], [], []
             for move in moves:
                 dest = pattern.sends.get(move.tag)
                 if dest is not None:
-                    message, data = plan.outgoing[move.tag]
-                    if message is None:  # a zero-width block: the header alone
-                        message = numpy.empty(HEADER_BYTES, numpy.uint8)
-                        request = collectives.send_init_bytes(self.comm, message, dest, move.tag)
-                        self._own_requests.append(request)
-                    else:
-                        request = plan.request(move.tag, dest)
-                    words = header_words(code, (h, w), self.order, 0, message.size - HEADER_BYTES)
-                    pack = () if data is None else (packer(P, move.send, data),)
-                    sends.append((pack, memoryview(message)[:HEADER_BYTES], words.tobytes(), request, dest,
-                                  move.tag, message))
+                    sends.append(self._send(P, move, dest, code, leaves and memory.on_node(dest)))
                 source = pattern.receives.get(move.tag)
                 if source is not None:
-                    message, data = plan.incoming[move.tag]
-                    landing = numpy.empty(HEADER_BYTES, numpy.uint8) if message is None else message
-                    words = header_words(code, tiles[source], self.order, 0, landing.size - HEADER_BYTES)
-                    self.expect[source, move.tag] = (landing, memoryview(landing)[:HEADER_BYTES], words.tobytes())
-                    keys.append((source, move.tag))
-                    if data is not None:
-                        after += [unpacker(P, move.recv, data)] if gather else \
-                            list(adder(P, data, move.recv, call.workspace))
+                    key = (source, move.tag)
+                    keys.append(key)
+                    after += self._receive(P, move, key, code, tiles[source], arrived.get(key), gather)
             if not gather and index == 0:  # the one-rank ring's halo columns go home between the phases
                 after += [functools.partial(numpy.add, P[(Ellipsis,) + interior], P[(Ellipsis,) + halo],
                                             out=P[(Ellipsis,) + interior]) for interior, halo in ring]
@@ -120,30 +121,94 @@ class PlannedCall:
         self.keys = tuple(key for _, keys, _ in self.phases for key in keys)
         self.requests = [send[3] for sends, _, _ in self.phases for send in sends]
 
-    def fits(self, P):
-        """Whether this plan can replay a call on ``P`` (cheap: the same array as planned, nothing changed)."""
+    def _send(self, P, move, dest, code, shared):
+        """``(steps, header view, header bytes, request, dest, tag, message, call word or None)`` of one block."""
+        message, data = self.plan.outgoing[move.tag]
+        if shared and data is not None:  # left in this rank's window: the header alone says where
+            record, offset, steps = self.record, -1, ()
+            staged = record.staging.get(move.tag)
+            if staged is not None and staged[1].shape == data.shape:  # a thin block: packed behind the tile
+                steps, offset = (packer(P, move.send, staged[1]),), staged[0]
+            steps += (functools.partial(collectives.window_sync, record.window),)  # the writes before the header
+            words = header_words(code, self.tile, self.order, 0, data.nbytes, (record.serial, 0, offset))
+            self.published.append((dest, move.tag))
+            message = self._own_header(dest, move.tag)
+            return (steps, memoryview(message)[:HEADER_BYTES], words.tobytes(), self._own_requests[-1], dest,
+                    move.tag, message, message.view(numpy.int64))
+        if data is None:  # a zero-width block: the header alone
+            message = self._own_header(dest, move.tag)
+            request, steps = self._own_requests[-1], ()
+        else:
+            request, steps = self.plan.request(move.tag, dest), (packer(P, move.send, data),)
+        words = header_words(code, self.tile, self.order, 0, message.size - HEADER_BYTES)
+        return steps, memoryview(message)[:HEADER_BYTES], words.tobytes(), request, dest, move.tag, message, None
+
+    def _own_header(self, dest, tag):
+        message = numpy.zeros(HEADER_BYTES, numpy.uint8)
+        self._own_requests.append(collectives.send_init_bytes(self.comm, message, dest, tag))
+        return message
+
+    def _receive(self, P, move, key, code, tile, where, gather):
+        """Plan how the block of ``key`` arrives; returns the steps that use it once the phase's blocks are in."""
+        message, data = self.plan.incoming[move.tag]
+        if where is not None:  # left in the neighbour's window: read there, then acknowledged
+            (serial, _, offset), _ = where
+            landing = numpy.zeros(HEADER_BYTES, numpy.uint8)
+            words = header_words(code, tile, self.order, 0, data.nbytes, (serial, 0, offset))
+            self.expect[key] = (landing, memoryview(landing), words.tobytes(), landing.view(numpy.int64))
+            steps = self.call.link.reader(self.memory, P, key, where, move.recv, gather)
+            if steps is None:  # unreachable after a call that read it; refuse to plan rather than guess
+                raise RuntimeError(f"rank {self.comm.Get_rank()}: the shared block of {key} is out of reach")
+            self.arrived[key] = where
+            return [functools.partial(self.memory.read_barrier, serial), *steps,
+                    functools.partial(self._acknowledge, key)]
+        landing = numpy.zeros(HEADER_BYTES, numpy.uint8) if message is None else message
+        words = header_words(code, tile, self.order, 0, landing.size - HEADER_BYTES)
+        self.expect[key] = (landing, memoryview(landing)[:HEADER_BYTES], words.tobytes(), None)
+        if data is None:
+            return []
+        return [unpacker(P, move.recv, data)] if gather else list(adder(P, data, move.recv, self.call.workspace))
+
+    def _acknowledge(self, key):
+        """Tell the neighbour of ``key`` that its block of this call has been read."""
+        (serial, call, offset), _ = self.arrived[key]
+        self.memory.acknowledge(key[0], key[1], call)
+
+    def current(self, P):
+        """Whether ``P`` is the array planned, unchanged, under the same switches, on a grid not freed."""
         return (P is self.array and P.shape == self.shape and P.strides == self.strides and P.dtype == self.dtype
-                and P.flags.writeable and config.generation == self.generation and not self.plan.freed)
+                and P.flags.writeable and config.generation == self.generation and not self.plan.freed
+                and not self.failures.closed)
+
+    def fits(self, P):
+        """Whether this plan can replay a call on ``P`` now (:meth:`current`, and for a shared window the same
+        ``config.shared_memory``: it decides whether the blocks are left there or sent)."""
+        return self.current(P) and (self.shared_memory is None or config.shared_memory == self.shared_memory)
 
     def run(self):
         """The call, replayed; hands over to the full round (which raises where it must) at the first surprise."""
         number = self.failures.next_round()
+        sequence = None if not self.published else self.memory.publish(self.record)
         for step in self.before:
             step()
         pending = list(self.keys)
         for index, (sends, keys, after) in enumerate(self.phases):
-            for pack, head, words, request, _, _, _ in sends:
-                for step in pack:
+            for steps, head, words, request, _, _, _, stamp in sends:
+                for step in steps:
                     step()
                 head[:] = words
+                if stamp is not None:
+                    stamp[_CALL_WORD] = sequence
                 collectives.start(request)
             if keys:
                 surprise = self._arrive(keys, pending)
                 if surprise is not None:
-                    return self._hand_over(number, index, pending, *surprise)
+                    return self._hand_over(number, sequence, index, pending, *surprise)
             for step in after:
                 step()
         collectives.waitall(self.requests)
+        if self.published:  # the blocks left in the window stay as they are until the neighbours have read them
+            self.memory.await_acknowledgements(self.published, sequence, self.who)
         for step in self.end:
             step()
 
@@ -164,11 +229,18 @@ class PlannedCall:
                 if probed is None:
                     continue
                 found = True
-                landing, head, words = expect[key]
+                landing, head, words, stamp = expect[key]
                 if nbytes != landing.size:
                     return key, probed, nbytes
                 collectives.mrecv_bytes(probed, landing, nbytes)
-                if head.tobytes() != words:
+                if stamp is not None:  # the neighbour's call number is the one word not known in advance
+                    call, stamp[_CALL_WORD] = int(stamp[_CALL_WORD]), 0
+                    if head.tobytes() != words:
+                        stamp[_CALL_WORD] = call
+                        return key, None, nbytes
+                    location, tile = self.arrived[key]
+                    self.arrived[key] = ((location[0], call, location[2]), tile)
+                elif head.tobytes() != words:
                     return key, None, nbytes
                 pending.remove(key)
             if found:
@@ -176,32 +248,38 @@ class PlannedCall:
             if watch is None:  # the wait loop's own first steps: yield the core, without building its clock
                 waited = 0.0 if started is None else time.monotonic() - started
                 started = started or time.monotonic()
-                if waited < _YIELD_FIRST:
+                if waited < YIELD_FIRST:
                     os.sched_yield()
                     continue
                 watch = Watch(comm, self.who)
             watch.idle({k[0] for k in pending}, {k[0] for k in self.keys if k not in pending})
         return None
 
-    def _hand_over(self, number, index, pending, key, probed, nbytes):
+    def _hand_over(self, number, sequence, index, pending, key, probed, nbytes):
         """Go on with the full round from phase ``index``: it takes what was sent (every message of the phases up
         to ``index``) and received (what is not ``pending``), then ``key``."""
         call, P = self.call, self.array
         sent = [(dest, tag, request, message) for sends, _, _ in self.phases[:index + 1]
-                for _, _, _, request, dest, tag, message in sends]
-        received = [k for k in self.keys if k not in pending and k != key]
+                for _, _, _, request, dest, tag, message, _ in sends]
+        published = [(dest, tag) for dest, tag, _, _ in sent if (dest, tag) in self.published]
+        received = [k for k in self.keys if k not in pending]
+        unread = {k for _, keys, _ in self.phases[index:] for k in keys}  # earlier phases' blocks are read already
         round_, finish = call.round(self.who, self.description, None, self.tile, False, self.order, number=number)
         for tag, rank in call.pattern.receives.items():
             round_.expect((rank, tag), self.plan.incoming[tag][0])
-        round_.adopt(sent, received)
+        round_.adopt(sent, received, published,
+                     {k: self.arrived[k] for k in received if k in self.arrived and k in unread})
         if probed is not None:
             round_.receive(key, probed, nbytes)
         else:
             landing = self.expect[key][0]
             round_.landed(key, landing, nbytes, landing is self.plan.incoming[key[1]][0])
-        call.steps(P, self.tile, self.direction == FORWARD, round_, finish, self.plan, None, None, start=index)
+        sender = None if sequence is None else (self.record, sequence)
+        call.steps(P, self.tile, self.direction == FORWARD, round_, finish, self.plan, sender, None, start=index)
+        # went through (a neighbour changed how it sends, e.g. from a shared window): plan from this call instead
+        call.replan(self, round_.code, round_.shared)
 
     def free(self):
-        """Free the persistent sends of its header-only messages (the plan's own are the plan's)."""
+        """Free the persistent sends of the headers that go alone (the message plan's own are the plan's)."""
         requests, self._own_requests = self._own_requests, []
         collectives.free_requests(requests)

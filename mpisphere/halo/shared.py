@@ -30,15 +30,16 @@ before the header or the acknowledgement that announces them.
 import math
 import os
 import sys
+import time
 
 import numpy
 
 from .. import collectives, dtypes
 from ..agreement import Call
-from ..agreement.stall import Watch
+from ..agreement.stall import YIELD_FIRST, Watch
 from ..validation import check_int
 from .pattern import TAGS, TO_EAST, TO_WEST
-from .plan import add_between, add_runs, copier, copy_runs, unpacker
+from .plan import adder, between_adder, copier, copy_runs, unpacker
 
 __all__ = ["NodeMemory", "SharedArray", "SharedLink"]
 
@@ -163,16 +164,18 @@ class NodeMemory:
     def await_acknowledgements(self, published, sequence, who):
         """Wait until every ``(dest, tag)`` in ``published`` has acknowledged call ``sequence``."""
         slots = [(dest, _TAG_SLOTS[tag]) for dest, tag in published]
-        watch = None
+        watch = started = None
         while True:
             collectives.window_sync(self.control)
             waiting = [dest for dest, slot in slots if self.acks[slot, 0] != sequence]
             if not waiting:
                 return
-            if watch is None:
+            if watch is None:  # yield the core first; the watch's clock starts after YIELD_FIRST
+                started = started or time.monotonic()
+                if time.monotonic() - started < YIELD_FIRST:
+                    os.sched_yield()
+                    continue
                 watch = Watch(self.comm, who)
-                os.sched_yield()
-                continue
             watch.idle(set(waiting), {dest for dest, _ in slots} - set(waiting))
 
     def free(self):
@@ -256,6 +259,33 @@ class SharedLink:
     def read(self, memory, P, key, where, region, gather, round_, sender):
         """Copy (or add) a neighbour's block straight from its shared memory, then acknowledge it."""
         source, tag = key
+        serial, _, offset = where[0]
+        if sender is None:
+            steps = self.reader(memory, P, key, where, region, gather)
+        else:  # both in shared memory: the copy is planned once per pair of arrays
+            planned = sender[0].copies
+            rows, cols = region
+            at = (key, serial, offset, where[1], gather, rows.start, rows.stop, cols.start, cols.stop)
+            steps = planned.get(at)
+            if steps is None:
+                steps = planned[at] = self.reader(memory, P, key, where, region, gather)
+        if steps is None:
+            round_.fail(key, f"left its data in shared memory (allocation {serial}) that this rank cannot see")
+        else:
+            memory.read_barrier(serial)
+            for step in steps:
+                step()
+        round_.acknowledge(key)
+
+    def reader(self, memory, P, key, where, region, gather):
+        """The steps that fill (or add onto) ``P[region]`` from the block a neighbour left in shared memory.
+
+        ``key``: ``(its rank, tag)``; ``where``: ``((allocation, call, byte
+        offset), its tile)`` from its header. Functions of no arguments,
+        planned once (a planned call keeps them); ``None`` when this rank
+        cannot see that memory.
+        """
+        source, tag = key
         (serial, _, offset), (h, w) = where
         if offset >= 0:  # packed by its owner
             rows, cols = region
@@ -264,32 +294,12 @@ class SharedLink:
         else:
             theirs = memory.view(serial, source, P.shape[:-2] + (h + 2 * self.rows, w + 2 * self.cols), P.dtype)
         if theirs is None:
-            round_.fail(key, f"left its data in shared memory (allocation {serial}) that this rank cannot see")
-        else:
-            memory.read_barrier(serial)
-            if sender is None:
-                self._copy(P, tag, region, gather, theirs, offset, h, w)()
-            else:  # both in shared memory: the copy is planned once per pair of arrays
-                planned = sender[0].copies
-                rows, cols = region
-                at = (key, serial, offset, theirs.shape, gather, rows.start, rows.stop, cols.start, cols.stop)
-                copy = planned.get(at)
-                if copy is None:
-                    copy = planned[at] = self._copy(P, tag, region, gather, theirs, offset, h, w)
-                copy()
-        round_.acknowledge(key)
-
-    def _copy(self, P, tag, region, gather, theirs, offset, h, w):
-        """The function that fills (or adds onto) ``P[region]`` from a neighbour's memory ``theirs``."""
-        workspace = self.workspace
+            return None
         if offset >= 0:
-            if gather:
-                return unpacker(P, region, theirs)
-            return lambda: add_runs(P, theirs, region, workspace, keep=True)
+            return (unpacker(P, region, theirs),) if gather else adder(P, theirs, region, self.workspace, keep=True)
         block = self.pattern.send_region(tag, h, w, gather)
-        if gather:
-            return copier(P, region, theirs, block)
-        return lambda: add_between(P, region, theirs, block, workspace)
+        return (copier(P, region, theirs, block),) if gather else \
+            between_adder(P, region, theirs, block, self.workspace)
 
 
 def allocate_padded(grid, pattern, tile, who, lead, dtype, fill):
