@@ -23,12 +23,16 @@ PROGRAM = textwrap.dedent("""
     tile = halo.zeros(2)
     tile[...] = grid.rank + 1
     halo.update(tile)
+    plain = numpy.ones(tile.shape)
+    halo.update(plain)
+    halo.update(plain)                 # replayed from the plan of the first call (on a freed grid: not)
     before = float(tile.sum())
     grid.free()
     after = float(tile.sum())          # the program still holds the tile: its memory is still there
     tile[...] = 0                      # and writable
     assert after == before, (before, after)
-    for call in (lambda: halo.zeros(2), lambda: halo.update(tile)):
+    for call in (lambda: halo.zeros(2), lambda: halo.update(tile), lambda: halo.update(plain),
+                 lambda: halo.accumulate(tile)):
         try:
             call()
         except RuntimeError as exc:

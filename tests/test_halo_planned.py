@@ -98,12 +98,17 @@ def _nothing():
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("mistake", MISTAKES)
 @pytest.mark.parametrize("rows, cols", [(1, 1), (0, 2)])
-def test_a_neighbour_that_differs_while_this_rank_replays(grid, mistake, rows, cols, replays):
+@pytest.mark.parametrize("tile", ["plain", "shared"])
+def test_a_neighbour_that_differs_while_this_rank_replays(grid, mistake, rows, cols, tile, replays):
     """Rank 1 makes another call while every other rank replays its planned update: the ranks whose result
     would use wrong data raise in that call, the others at the end of their next one, and the grid goes on."""
     op = HaloExchange(grid, rows, cols, extents=(NLAT, NLON))
     field = numpy.random.default_rng(9).standard_normal((2, NLAT, NLON))
     padded = _padded(grid, field, rows, cols)
+    if tile == "shared":  # the blocks stay in the windows of the node
+        shared = op.zeros((2,))
+        shared[...] = padded
+        padded = shared
     for _ in range(2):
         op.update(padded)
         if mistake == "accumulate-planned":
