@@ -580,6 +580,50 @@ def halo_far_ranks_on_rank_0(comm, grid, me):
     _halo_then_next_call(comm, 0, me)
 
 
+# --- issue 48: replayed halo calls (mpisphere.halo.planned) next to a mistake ------------------------------------
+
+def _replayed_halo_then_next_call(comm, culprit, me, mistake, before=None):
+    """As ``_halo_then_next_call``, after two good calls on every rank (the others replay the third): rank
+    ``culprit`` makes ``mistake(halo, good)`` instead. ``before(column)``, on every rank, returns the function
+    that ends what it began (after the call)."""
+    from helpers import await_failure_note
+    with ProcessGrid(comm, comm.Get_size(), 1) as column:
+        halo = HaloExchange(column, 1, 1, extents=(4 * comm.Get_size(), 8))
+        h, w = column.local_shape(4 * comm.Get_size(), 8)
+        good = numpy.zeros((h + 2, w + 2))
+        halo.update(good)
+        halo.update(good)
+        end = before(column) if before is not None else (lambda: None)
+        try:
+            mistake(halo, good) if me == culprit else halo.update(good)
+        except (TypeError, RuntimeError) as first:
+            end()
+            halo.update(good)  # the same next call as the others: it completes, and raises nothing more here
+            raise first
+        end()
+        await_failure_note(column)
+        halo.update(good)
+
+
+def halo_replay_next_to_a_dtype_on_the_last_rank(comm, grid, me):
+    """The last rank passes a dtype no halo moves while the others replay their planned update."""
+    _replayed_halo_then_next_call(comm, _last(comm), me, lambda halo, good: halo.update(good.astype(numpy.int8)))
+
+
+def halo_replay_refused_in_a_thread_on_rank_0(comm, grid, me):
+    """Rank 0's call is refused (a worker thread holds its grid) while the others replay their planned update."""
+    def worker(column):  # every rank runs the worker's call (it agrees over the grid); rank 0's holds the grid
+        thread, release, _ = _worker_holding_the_grid(column, hold=me == 0)
+        if me != 0:
+            thread.join(30)
+
+        def end():
+            release.set()
+            thread.join(30)
+        return end
+    _replayed_halo_then_next_call(comm, 0, me, lambda halo, good: halo.update(good), worker)
+
+
 def laplacian_radius_zero_on_the_last_rank(comm, grid, me):
     calculus.laplacian(DistributedRealSHT(grid, NLAT, NLON), 0.0 if me == _last(comm) else 1.0)
 
@@ -772,7 +816,9 @@ CASES = [chunk_width, batch_gather_from, batch_reduce_from, batch_transpose, bat
          ring_gather_not_an_array_on_the_last_rank, ring_scatter_points_on_the_last_rank, ring_points_on_the_last_rank,
          ring_interpolation_whole_field_on_the_last_rank,
          # issue 46
-         free_while_the_last_rank_transforms, free_while_rank_0_transforms, a_call_ahead_on_rank_0]
+         free_while_the_last_rank_transforms, free_while_rank_0_transforms, a_call_ahead_on_rank_0,
+         # issue 48
+         halo_replay_next_to_a_dtype_on_the_last_rank, halo_replay_refused_in_a_thread_on_rank_0]
 
 
 def main():
