@@ -27,6 +27,9 @@ MODELS = {
                              "galewsky_initial_condition", 8),
     "galewsky-octahedral": (lambda g: ShallowWaterSolver(RingTiles(g, RingGeometry.octahedral(16)), 600.0),
                             "galewsky_initial_condition", 8),
+    # HEALPix: a kind of grid that is one constructor of RingGeometry, no other code
+    "galewsky-healpix": (lambda g: ShallowWaterSolver(RingTiles(g, RingGeometry.healpix(8)), 600.0),
+                         "galewsky_initial_condition", 4),
 }
 
 
