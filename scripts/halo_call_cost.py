@@ -9,7 +9,7 @@ columns, in a steady loop (``--calls`` calls each, after a warm-up):
 ``update`` / ``accumulate``
     ``HaloExchange.update`` / ``accumulate`` on one plain padded array and
     on one from ``halo.zeros`` (its blocks left in memory shared on the
-    node), replayed from the plan its first call made
+    node), replayed from the plan its second call made
     (``mpisphere.halo.planned``);
 ``replay alone``
     the planned call's ``run`` without the operator's entry (the guard, the
@@ -84,7 +84,7 @@ def main(argv=None):
                 (("update", "forward"), ("accumulate", "adjoint")), (("plain", plain), ("shared", shared))):
             call = getattr(halo, direction)
             call(padded)
-            call(padded)  # planned by the first
+            call(padded)  # planned by the second
             replay = halo._call.replay(name, padded)
             if replay is None:
                 raise RuntimeError(f"rank {grid.rank}: the {direction} was not planned")

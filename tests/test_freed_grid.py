@@ -24,8 +24,8 @@ PROGRAM = textwrap.dedent("""
     tile[...] = grid.rank + 1
     halo.update(tile)
     plain = numpy.ones(tile.shape)
-    halo.update(plain)
-    halo.update(plain)                 # replayed from the plan of the first call (on a freed grid: not)
+    for _ in range(3):
+        halo.update(plain)             # planned at the second call, replayed at the third (on a freed grid: not)
     before = float(tile.sum())
     grid.free()
     after = float(tile.sum())          # the program still holds the tile: its memory is still there

@@ -1,10 +1,11 @@
 """A halo call planned once and replayed: one padded array's call over both links, nothing decided per call.
 
-The first in-place call (``update`` or ``accumulate``) on a padded host
-array runs the whole protocol (:mod:`mpisphere.halo.call`): the input
-checked, the neighbours' round, each header read word by word. When that
-call went through without a problem, it leaves a ``PlannedCall`` for the
-same array, made from what the call did block by block:
+The first in-place calls (``update`` or ``accumulate``) on a padded host
+array run the whole protocol (:mod:`mpisphere.halo.call`): the input
+checked, the neighbours' round, each header read word by word. When the
+second went through without a problem (an array used once is not planned),
+it leaves a ``PlannedCall`` for the same array, made from what the call did
+block by block:
 
 * a block sent as a message: its packing as NumPy views, its header, its
   persistent send;
