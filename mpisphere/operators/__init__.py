@@ -39,6 +39,11 @@ Every call of an operator that communicates runs in three steps:
    its neighbours instead, in headers that travel with its data.
 3. **the work**, on buffers everyone agreed on.
 
+An in-place halo call on an array its earlier calls planned (``_replay``,
+:mod:`mpisphere.halo.planned`) skips the first two steps: its checks held
+for the same array, and its headers still carry the agreement, compared
+whole as they arrive.
+
 A composition agrees once for all its parts: over their communicator when
 they all use one (so a composition and its parts called one after the other
 meet in the same step), else over the space they share. Its local parts
