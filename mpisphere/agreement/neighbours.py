@@ -254,8 +254,11 @@ class NeighbourRound:
         """Where message ``key`` lands when its size is the expected one: a :func:`message_buffer`, or ``None``."""
         self._targets[key] = message
 
-    def _receive(self, key, probed, nbytes):
-        """Receive the probed message ``key`` whole, check its header; its data is used only if it fits."""
+    def receive(self, key, probed, nbytes):
+        """Receive the probed message ``key`` whole, check its header; its data is used only if it fits.
+
+        ``probed``, ``nbytes``: its ``MPI_Improbe`` match and size (a planned call hands over the one it matched).
+        """
         source, tag = key
         target = self._targets.get(key)
         fitting = target is not None and nbytes == int(target.size) and not self._flush and self.error is None
@@ -326,10 +329,6 @@ class NeighbourRound:
         for key, (location, tile) in (shared or {}).items():
             self._owed[key] = location
             self.shared[key] = (location, tile)
-
-    def receive(self, key, probed, nbytes):
-        """Receive the message ``key`` that the caller matched (``MPI_Improbe``: ``probed``, ``nbytes``)."""
-        self._receive(key, probed, nbytes)
 
     def _on_header(self, key, header, nbytes):
         """Check a neighbour's header."""
@@ -411,7 +410,7 @@ class NeighbourRound:
             probed, nbytes = collectives.improbe_bytes(self.comm, key[0], key[1], self._status)
             if probed is not None:
                 found = True
-                self._receive(key, probed, nbytes)
+                self.receive(key, probed, nbytes)
                 if self._flush:
                     return False
         if not found:  # yields the core; reports a neighbour that never sends (config.stall_report)

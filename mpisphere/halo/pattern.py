@@ -18,8 +18,11 @@ slices of the last two axes of the padded tile.
 """
 
 import collections
+import functools
 
-from .plan import move_runs
+import numpy
+
+from .plan import copier
 
 __all__ = ["TO_NORTH", "TO_SOUTH", "TO_WEST", "TO_EAST", "FROM", "OPPOSITE", "RECORD", "TAGS", "HaloPattern"]
 
@@ -115,15 +118,24 @@ class HaloPattern:
         return (((inner, slice(w, w + c)), (inner, slice(0, c))),
                 ((inner, slice(c, 2 * c)), (inner, slice(c + w, w + 2 * c))))
 
+    def wrap_steps(self, P, h, w):
+        """:meth:`wrap` on ``P`` as functions of no arguments, planned once (a planned call keeps them)."""
+        return tuple(copier(P, halo, P, interior) for interior, halo in self.ring_blocks(h, w))
+
+    def unwrap_steps(self, P, h, w):
+        """:meth:`unwrap` on ``P`` as functions of no arguments, planned once."""
+        return tuple(functools.partial(numpy.add, P[(Ellipsis,) + interior], P[(Ellipsis,) + halo],
+                                       out=P[(Ellipsis,) + interior]) for interior, halo in self.ring_blocks(h, w))
+
     def wrap(self, P, h, w):
         """A one-rank ring: the halo columns of the interior rows from the rank's own tile."""
-        for interior, halo in self.ring_blocks(h, w):
-            move_runs(P, interior, halo)
+        for step in self.wrap_steps(P, h, w):
+            step()
 
     def unwrap(self, P, h, w):
         """The adjoint of :meth:`wrap`: a one-rank ring adds its halo columns onto the columns they copy."""
-        for interior, halo in self.ring_blocks(h, w):
-            P[(Ellipsis,) + interior] += P[(Ellipsis,) + halo]
+        for step in self.unwrap_steps(P, h, w):
+            step()
 
     def halo_blocks(self, h, w):
         """The blocks of the halo: rows at full padded width, then the columns of the interior rows."""

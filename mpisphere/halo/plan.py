@@ -13,7 +13,8 @@ Packing and unpacking are one vectorised copy per block, by contiguous
 runs where the layout allows (about twice as fast as element by element for
 the thin column blocks of a halo); the shared-memory path copies and adds
 between two ranks' tiles the same way (``copier``, ``unpacker``,
-``add_between``).
+``between_adder``). Each is made once as a function of no arguments (a
+planned call keeps them); ``add_runs`` and ``copy_runs`` make and run one.
 """
 
 import functools
@@ -24,8 +25,8 @@ import numpy
 from .. import backend, collectives
 from ..agreement import message_buffer
 
-__all__ = ["MessagePlan", "copy_runs", "move_runs", "add_runs", "adder", "copier", "packer", "unpacker", "zeroer",
-           "add_between", "between_adder"]
+__all__ = ["MessagePlan", "copy_runs", "add_runs", "adder", "copier", "packer", "unpacker", "zeroer",
+           "between_adder"]
 
 
 class MessagePlan:
@@ -126,17 +127,14 @@ def _runs(a, region):
                          strides=strides[:axis])
 
 
-def move_runs(P, source, target):
-    """``P[target] = P[source]`` for two regions of one shape (they do not overlap), run by run when possible."""
-    src, dst = _runs(P, source), _runs(P, target)
-    if src is None or dst is None or src.dtype != dst.dtype:
-        P[(Ellipsis,) + target] = P[(Ellipsis,) + source]
-    else:
-        numpy.copyto(dst, src)
+def add_runs(P, buf, region, workspace):
+    """``P[region] += buf`` (``buf``: received data, free to overwrite), made by :func:`adder` and run once."""
+    for step in adder(P, buf, region, workspace):
+        step()
 
 
-def add_runs(P, buf, region, workspace, keep=False):
-    """``P[region] += buf``, through a contiguous copy of the region when it is made of short runs.
+def adder(P, buf, region, workspace, keep=False):
+    """The steps of ``P[region] += buf`` (functions of no arguments, NumPy's own on host arrays), planned once.
 
     NumPy adds strided blocks of a few elements element by element; copying
     the runs out, adding them contiguously and copying them back was
@@ -145,12 +143,6 @@ def add_runs(P, buf, region, workspace, keep=False):
     overwrite), or with ``keep`` (another rank's block, read only) into a
     scratch copy; either way each element is ``P + buf``, bit for bit.
     """
-    for step in adder(P, buf, region, workspace, keep):
-        step()
-
-
-def adder(P, buf, region, workspace, keep=False):
-    """The steps of :func:`add_runs` (functions of no arguments, NumPy's own on host arrays), planned once."""
     runs = _runs(P, region)
     if runs is None or runs.dtype.itemsize > 256:  # long runs: NumPy adds them at full speed in place
         target = P[(Ellipsis,) + region]
@@ -168,20 +160,8 @@ def _as_runs(packed, runs):
 
 
 def copy_runs(dst, src, region, into_region=False):
-    """``dst[...] = src[region]`` (or ``dst[region] = src``), one contiguous run at a time when possible."""
-    whole = dst if into_region else src
-    runs = _runs(whole, region)
-    if runs is None:
-        if into_region:
-            dst[(Ellipsis,) + region] = src
-        else:
-            dst[...] = src[(Ellipsis,) + region]
-        return
-    packed = _as_runs(src if into_region else dst, runs)
-    if into_region:
-        numpy.copyto(runs, packed)
-    else:
-        numpy.copyto(packed, runs)
+    """``dst[...] = src[region]`` (or ``dst[region] = src``): :func:`packer` (:func:`unpacker`) made and run once."""
+    (unpacker(dst, region, src) if into_region else packer(src, region, dst))()
 
 
 def copier(P, region, Q, source):
@@ -228,18 +208,13 @@ def unpacker(P, region, packed):
     return _copy_function(runs, _as_runs(packed, runs))
 
 
-def add_between(P, region, Q, source, workspace):
-    """``P[region] += Q[source]`` (``Q``: another rank's tile, read only), through a contiguous copy of the runs.
-
-    Element by element, the same sums as :func:`add_runs` on a packed copy
-    of ``Q[source]``: the result is bitwise the message path's.
-    """
-    for step in between_adder(P, region, Q, source, workspace):
-        step()
-
-
 def between_adder(P, region, Q, source, workspace):
-    """The steps of :func:`add_between` (functions of no arguments), planned once."""
+    """The steps of ``P[region] += Q[source]`` (``Q``: another rank's tile, read only), planned once.
+
+    Through a contiguous copy of ``Q[source]``'s runs, then :func:`adder`'s
+    steps: element by element the same sums as the message path's, bit for
+    bit.
+    """
     runs = _runs(P, region)
     if runs is None or runs.dtype.itemsize > 256:  # long runs: added at full speed in place, one pass
         target = P[(Ellipsis,) + region]

@@ -46,7 +46,7 @@ from ..agreement import HEADER_BYTES, header_words
 from ..agreement.stall import YIELD_FIRST, Watch
 from ..operators import FORWARD
 from ..settings import config
-from .plan import adder, copier, packer, unpacker, zeroer
+from .plan import adder, packer, unpacker, zeroer
 
 __all__ = ["PlannedCall"]
 
@@ -100,8 +100,7 @@ class PlannedCall:
         self.arrived = {}        # key -> (location, tile) of a block read in shared memory, this call's
         self.phases = []         # (sends, keys received, steps after the phase)
         self.published = []      # (dest, tag) of the blocks left in shared memory
-        ring = pattern.ring_blocks(h, w)
-        self.before = tuple(copier(P, halo, P, interior) for interior, halo in ring) if gather else ()
+        self.before = pattern.wrap_steps(P, h, w) if gather else ()
         for index, moves in enumerate(pattern.phases(h, w, gather)):
             sends, keys, after = [], [], []
             for move in moves:
@@ -114,8 +113,7 @@ class PlannedCall:
                     keys.append(key)
                     after += self._receive(P, move, key, code, tiles[source], arrived.get(key), gather)
             if not gather and index == 0:  # the one-rank ring's halo columns go home between the phases
-                after += [functools.partial(numpy.add, P[(Ellipsis,) + interior], P[(Ellipsis,) + halo],
-                                            out=P[(Ellipsis,) + interior]) for interior, halo in ring]
+                after += pattern.unwrap_steps(P, h, w)
             self.phases.append((tuple(sends), tuple(keys), tuple(after)))
         blocks = call.boundary.blocks(h, P.shape[-1]) if gather else pattern.halo_blocks(h, w)
         self.end = tuple(zeroer(P, block) for block in blocks)
