@@ -29,14 +29,14 @@ from ..settings import config
 from ..waiting import WaitLoop
 from .differing import ranks_text
 
-__all__ = ["wait", "Watch", "STALL_TAG", "ExitNotice", "call_site", "YIELD_FIRST"]
+__all__ = ["wait", "Watch", "STALL_TAG", "ExitNotice", "call_site"]
 
 STALL_TAG = 0x6D7374
 _SPIN = 0.05          # seconds of yielding polls before the loop sleeps between them
 _NAP = 0.001          # the sleep of a long wait: its latency once a wait has lasted _SPIN
-# a replayed halo call waits this long by yielding the core (as the loop's first _SPIN seconds do) before it
-# builds a Watch, whose clock starts then: a neighbour a few microseconds behind costs no objects
-YIELD_FIRST = 0.001
+# a Watch yields the core this long (as the loop's first _SPIN seconds do) before it builds its loop, whose clock
+# starts then: a neighbour a few microseconds behind (most waits of a halo call) costs no loop
+_YIELD_FIRST = 0.001
 _GATHER = 2.0         # seconds the report waits for the other ranks' notes
 
 
@@ -213,17 +213,25 @@ class Watch:
     :meth:`idle` is called each time a poll found nothing, with the ranks
     whose messages are still awaited; what has arrived and what has not is
     this rank's own knowledge (no messages of its own). The clock is a
-    ``mpisphere.waiting.WaitLoop``.
+    ``mpisphere.waiting.WaitLoop``, built once the wait has lasted a
+    millisecond (until then :meth:`idle` only yields the core).
     """
 
-    __slots__ = ("comm", "who", "loop")
+    __slots__ = ("comm", "who", "loop", "started")
 
     def __init__(self, comm, who):
         self.comm, self.who = comm, who
-        self.loop = WaitLoop(config.stall_report, config.stall_deadline, spin=_SPIN, nap=_NAP)
+        self.loop = self.started = None
 
     def idle(self, pending, arrived):
         """One poll found nothing: ``pending`` ranks are awaited, ``arrived`` have sent theirs."""
+        if self.loop is None:
+            now = time.monotonic()
+            self.started = self.started or now
+            if now - self.started < _YIELD_FIRST:
+                os.sched_yield()
+                return
+            self.loop = WaitLoop(config.stall_report, config.stall_deadline, spin=_SPIN, nap=_NAP)
         rank, size = self.comm.Get_rank(), self.comm.Get_size()
 
         def write(waited, final):

@@ -36,14 +36,12 @@ behind, a rank's failure is noted for the grid) holds for both.
 """
 
 import functools
-import os
-import time
 
 import numpy
 
 from .. import collectives
 from ..agreement import HEADER_BYTES, header_words
-from ..agreement.stall import YIELD_FIRST, Watch
+from ..agreement.stall import Watch
 from ..operators import FORWARD
 from ..settings import config
 from .plan import adder, packer, unpacker, zeroer
@@ -220,7 +218,7 @@ class PlannedCall:
         round then breaks the cycle.
         """
         comm, status, expect = self.comm, self.status, self.expect
-        watch = started = None
+        watch = None
         while any(key in pending for key in keys):
             found = False
             for key in tuple(pending):
@@ -244,13 +242,7 @@ class PlannedCall:
                 pending.remove(key)
             if found:
                 continue
-            if watch is None:  # the wait loop's own first steps: yield the core, without building its clock
-                waited = 0.0 if started is None else time.monotonic() - started
-                started = started or time.monotonic()
-                if waited < YIELD_FIRST:
-                    os.sched_yield()
-                    continue
-                watch = Watch(comm, self.who)
+            watch = watch or Watch(comm, self.who)
             watch.idle({k[0] for k in pending}, {k[0] for k in self.keys if k not in pending})
         return None
 

@@ -28,15 +28,13 @@ before the header or the acknowledgement that announces them.
 """
 
 import math
-import os
 import sys
-import time
 
 import numpy
 
 from .. import collectives, dtypes
 from ..agreement import Call
-from ..agreement.stall import YIELD_FIRST, Watch
+from ..agreement.stall import Watch
 from ..validation import check_int
 from .pattern import TAGS, TO_EAST, TO_WEST
 from .plan import adder, between_adder, copier, copy_runs, unpacker
@@ -164,18 +162,13 @@ class NodeMemory:
     def await_acknowledgements(self, published, sequence, who):
         """Wait until every ``(dest, tag)`` in ``published`` has acknowledged call ``sequence``."""
         slots = [(dest, _TAG_SLOTS[tag]) for dest, tag in published]
-        watch = started = None
+        watch = None
         while True:
             collectives.window_sync(self.control)
             waiting = [dest for dest, slot in slots if self.acks[slot, 0] != sequence]
             if not waiting:
                 return
-            if watch is None:  # yield the core first; the watch's clock starts after YIELD_FIRST
-                started = started or time.monotonic()
-                if time.monotonic() - started < YIELD_FIRST:
-                    os.sched_yield()
-                    continue
-                watch = Watch(self.comm, who)
+            watch = watch or Watch(self.comm, who)
             watch.idle(set(waiting), {dest for dest, _ in slots} - set(waiting))
 
     def free(self):
