@@ -49,3 +49,23 @@ def test_override_restores():
     assert not cfg.debug and not cfg.force_staging
     with pytest.raises(AttributeError, match="no switch 'verbose'; it has debug, agreement, cuda_aware, force_staging"):
         cfg.override(verbose=True)
+
+
+def test_generation_counts_the_switches_every_call_describes_and_is_read_only():
+    cfg = Config(environ={})
+    start = cfg.generation
+    cfg.shared_memory = False
+    cfg.stall_report = 5.0
+    assert cfg.generation == start  # not in a call's description: planned halo calls stay
+    cfg.debug = True
+    cfg.force_staging = True
+    with cfg.override(debug=False):
+        pass
+    assert cfg.generation == start + 4
+    with pytest.raises(AttributeError, match="generation is read only"):
+        cfg.generation = 0
+    with pytest.raises(AttributeError, match="no switch 'debgu'; it has debug"):
+        cfg.debgu = True
+    with pytest.raises(TypeError, match="debug must be True or False"):
+        cfg.debug = 1
+    assert cfg.debug is True and cfg.generation == start + 4  # a refused value changes nothing
