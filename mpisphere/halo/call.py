@@ -259,8 +259,13 @@ class HaloCall:
                 for planned in self.planned.pop(next(iter(self.planned))):  # the oldest array's
                     planned.free()
             # a shared window keeps a plan for each setting of config.shared_memory (blocks left there, or sent)
-            kept.append(PlannedCall(self, direction, P, who, description, code, arrived))
-        self.planned[key] = kept
+            planned = PlannedCall(self, direction, P, who, description, code, arrived)
+            if planned.complete:
+                kept.append(planned)
+            else:
+                planned.free()
+        if kept:
+            self.planned[key] = kept
 
     def replan(self, planned, code, arrived):
         """Replace ``planned`` by a plan of the call it handed over, which went through."""

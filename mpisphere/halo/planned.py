@@ -98,6 +98,7 @@ class PlannedCall:
         self.arrived = {}        # key -> (location, tile) of a block read in shared memory, this call's
         self.phases = []         # (sends, keys received, steps after the phase)
         self.published = []      # (dest, tag) of the blocks left in shared memory
+        self.complete = True     # False: a block could not be planned; the call is left to the full round
         self.before = pattern.wrap_steps(P, h, w) if gather else ()
         for index, moves in enumerate(pattern.phases(h, w, gather)):
             sends, keys, after = [], [], []
@@ -154,8 +155,9 @@ class PlannedCall:
             words = header_words(code, tile, self.order, 0, data.nbytes, (serial, 0, offset))
             self.expect[key] = (landing, memoryview(landing), words.tobytes(), landing.view(numpy.int64))
             steps = self.call.link.reader(self.memory, P, key, where, move.recv, gather)
-            if steps is None:  # unreachable after a call that read it; refuse to plan rather than guess
-                raise RuntimeError(f"rank {self.comm.Get_rank()}: the shared block of {key} is out of reach")
+            if steps is None:  # out of reach (not after a call that read it): not planned, the full round decides
+                self.complete = False
+                return []
             self.arrived[key] = where
             return [functools.partial(self.memory.read_barrier, serial), *steps,
                     functools.partial(self._acknowledge, key)]
