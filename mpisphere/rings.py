@@ -149,12 +149,15 @@ class RingGeometry:
         cap = numpy.minimum(i, 4 * nside - i)                # its distance in rings from the nearer pole
         polar = cap < nside
         nlon = numpy.where(polar, 4 * cap, 4 * nside)
-        z = numpy.where(polar, numpy.where(i < 2 * nside, 1.0, -1.0) * (1.0 - cap ** 2 / (3.0 * nside ** 2)),
-                        4.0 / 3.0 - 2.0 * i / (3.0 * nside))
+        # the caps' z = +-(1 - cap^2 / (3 nside^2)), as 2 asin(cap / (sqrt(6) nside)) from the nearer pole: arccos
+        # of a z near 1 would lose digits there
+        from_pole = 2.0 * numpy.arcsin(cap / (numpy.sqrt(6.0) * nside))
+        theta = numpy.where(polar, numpy.where(i < 2 * nside, from_pole, numpy.pi - from_pole),
+                            numpy.arccos(numpy.clip(4.0 / 3.0 - 2.0 * i / (3.0 * nside), -1.0, 1.0)))
         shifted = (i - nside + 1) % 2                        # belt rings whose first pixel is half a pixel on
         phi0 = numpy.where(polar, numpy.pi / nlon, shifted * numpy.pi / (4.0 * nside))
         npix = 12 * nside ** 2
-        return cls(nlon, numpy.arccos(z), 2.0 * nlon / npix, phi0=phi0,
+        return cls(nlon, theta, 2.0 * nlon / npix, phi0=phi0,
                    lmax=2 * nside if lmax is None else lmax, name=f"HEALPix nside={nside}")
 
     @classmethod
