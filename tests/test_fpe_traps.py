@@ -4,9 +4,14 @@ A host model built with ``-ffpe-trap=invalid,zero,overflow`` turns any
 operation that makes an inf or NaN into SIGFPE, also inside NumPy. The
 script below enables the same traps with ``feenableexcept`` (glibc, through
 ctypes) and then builds and runs the transforms (all rules and norms, up to
-the 361 x 720 tables whose high orders underflow near the poles), halo
-exchanges across the poles, the shallow-water model and its adjoint, under
-``mpiexec -n 2``; a trap kills the process with SIGFPE and fails the test.
+the 361 x 720 tables whose high orders underflow near the poles) with each
+registered Legendre strategy named explicitly (``legendre="auto"`` chooses
+by a cost model, so a test left to it checks whichever strategy this machine
+picks), halo exchanges across the poles, the shallow-water model and its
+adjoint, under ``mpiexec -n 2``; a trap kills the process with SIGFPE and
+fails the test. It runs twice: with ducc0's build for this CPU, and with its
+AVX2 build (``DUCC0_MAX_PSABI_LEVEL=3``, what a CPU without AVX-512 runs),
+whose Legendre kernels raise the overflow flag in lanes they discard.
 """
 
 import ctypes.util
@@ -37,20 +42,27 @@ from mpi4py import MPI
 import mpisphere as ms
 from mpisphere.examples import ShallowWaterSolver
 
+from mpisphere.sht.strategies import NAMES
+
 grid = ms.ProcessGrid(MPI.COMM_WORLD)
 rng = numpy.random.default_rng(0)
 cases = [(q, norm, 33, 64) for q in ("equiangular", "legendre-gauss", "lobatto")
          for norm in ("ortho", "schmidt", "four-pi")] + [("legendre-gauss", "ortho", 361, 720)]
-for quadrature, norm, nlat, nlon in cases:
-    for cls in (ms.DistributedRealSHT, ms.DistributedInverseRealSHT, ms.DistributedRealVectorSHT,
-                ms.DistributedInverseRealVectorSHT):
-        op = cls(grid, nlat, nlon, quadrature=quadrature, norm=norm)
-        x = rng.standard_normal(op.domain_shape((1, 2) if "Vector" in cls.__name__ else (1,)))
-        x = x.astype(op.cdtype) if "Inverse" in cls.__name__ else x
-        op.adjoint(op.forward(x))
-for dtype in (numpy.float32, numpy.float64):
-    ms.DistributedRealSHT(grid, 64, 128, quadrature="legendre-gauss", dtype=dtype).forward(
-        numpy.ones(grid.local_shape(64, 128), dtype))
+ran = set()
+for legendre in NAMES:  # every registered strategy, named: what auto would choose depends on the machine
+    for quadrature, norm, nlat, nlon in cases:
+        for cls in (ms.DistributedRealSHT, ms.DistributedInverseRealSHT, ms.DistributedRealVectorSHT,
+                    ms.DistributedInverseRealVectorSHT):
+            op = cls(grid, nlat, nlon, quadrature=quadrature, norm=norm, legendre=legendre)
+            for batch in ((1,), (3,)):  # one field, and a batch
+                x = rng.standard_normal(op.domain_shape(batch + ((2,) if "Vector" in cls.__name__ else ())))
+                x = x.astype(op.cdtype) if "Inverse" in cls.__name__ else x
+                op.adjoint(op.forward(x))
+            ran.add(op.strategy.name)
+    for dtype in (numpy.float32, numpy.float64):
+        ms.DistributedRealSHT(grid, 64, 128, quadrature="legendre-gauss", dtype=dtype, legendre=legendre).forward(
+            numpy.ones(grid.local_shape(64, 128), dtype))
+assert ran == set(NAMES), (ran, NAMES)
 halo = ms.HaloExchange(grid, 2, 2, extents=(33, 64), poles="across", signs=(1, -1), quadrature="equiangular")
 halo.adjoint(halo.forward(numpy.ones((2,) + grid.local_shape(33, 64))))
 swe = ShallowWaterSolver(grid, 32, 64, dt=400.0, quadrature="legendre-gauss")
@@ -59,7 +71,7 @@ model = swe.linearize(state, 2)
 model.adjoint(model.forward(1e-3 * state))
 swe.diagnostics(state)
 grid.free()
-print("clean under traps", flush=True)
+print("clean under traps:", ",".join(sorted(ran)), flush=True)
 '''
 
 
@@ -78,11 +90,37 @@ def test_the_traps_catch_a_division_by_zero(tmp_path):
 
 
 @needs_traps
-def test_transforms_halos_and_the_model_run_with_traps_enabled(tmp_path):
+@pytest.mark.parametrize("ducc0_level", [None, "3"], ids=["ducc0-native", "ducc0-avx2"])
+def test_transforms_halos_and_the_model_run_with_traps_enabled(tmp_path, ducc0_level):
     script = tmp_path / "traps.py"
     script.write_text(textwrap.dedent(SCRIPT))
     command = mpiexec_command() + ["-n", "2", sys.executable, str(script)]
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
-    assert done.returncode == 0 and done.stdout.count("clean under traps") == 2, \
+    env.pop("DUCC0_MAX_PSABI_LEVEL", None)
+    if ducc0_level is not None:
+        env["DUCC0_MAX_PSABI_LEVEL"] = ducc0_level  # ducc0's AVX2 build on any x86-64 that has AVX2 or more
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert done.returncode == 0 and done.stdout.count("clean under traps: reduce-scatter,table-free,transpose") == 2, \
         f"exit {done.returncode} (SIGFPE is -8 or 136):\n{done.stdout}\n{done.stderr[-4000:]}"
+
+
+@needs_traps
+def test_held_traps_drop_a_spurious_flag_and_keep_a_real_one(tmp_path):
+    """``HeldTraps``: a kernel that overflows in a value it discards runs clean; one that writes an inf traps."""
+    script = tmp_path / "held.py"
+    script.write_text(textwrap.dedent(TRAPS) + textwrap.dedent('''
+        import sys
+        from mpisphere.fpenv import HeldTraps
+        out = numpy.zeros(3)
+        with HeldTraps((out,)):
+            numpy.float64(1e300) * numpy.float64(1e300)  # overflow, discarded
+            out[:] = 1.0
+        assert libm.fegetexcept() & FE_OVERFLOW  # the caller's traps are back
+        print("spurious flag dropped", flush=True)
+        with HeldTraps((out,)):
+            out[0] = numpy.float64(1e300) * numpy.float64(1e300)  # an inf in the output
+        print("real flag lost", flush=True)
+    '''))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert "spurious flag dropped" in done.stdout, (done.returncode, done.stdout, done.stderr)
+    assert done.returncode == -8 and "real flag lost" not in done.stdout, (done.returncode, done.stdout, done.stderr)

@@ -12,11 +12,18 @@ see :mod:`mpisphere.sht.costs`).
 ducc0 has no batch axis and takes each order once per call, so the kernel
 calls it once per field and vector component: a host strategy (CuPy arrays
 are refused before any rank communicates).
+
+ducc0's AVX2 build raises the overflow flag in SIMD lanes whose values it
+discards (its AVX-512 build does not): the kernel runs under
+:class:`~mpisphere.fpenv.HeldTraps`, so a caller with floating-point traps
+on (a Fortran debug build) sees its own environment back, and a flag only
+where an output is not finite.
 """
 
 import numpy
 
 from ... import backend, dtypes
+from ...fpenv import HeldTraps
 from ...legendre import associated_legendre, degree_factors
 from ...operators import FORWARD
 from ..tables import first_degrees
@@ -158,8 +165,9 @@ class TableFreeLegendre(OwnLatitudeStage):
         # CuPy arrays never get here: the transforms refuse them for this strategy before agreeing
         if direction == FORWARD and self._unit_scale:
             self._zero_below_first_degrees(out)  # ducc0 writes the degrees each order has straight into out
-        for columns in self._groups:
-            self._run_columns(direction, x[..., columns], out[..., columns], columns)
+        with HeldTraps((out,)):  # ducc0's AVX2 build overflows in lanes it discards: the caller's traps held off
+            for columns in self._groups:
+                self._run_columns(direction, x[..., columns], out[..., columns], columns)
         for k, weight, columns, values in self._poles:  # the limits at the poles, which no product with 1 / sin gives
             if direction == FORWARD:
                 out[:, :, :, columns] += (weight * x[:, :, k, columns])[:, :, None, :] * values
