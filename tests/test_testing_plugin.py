@@ -335,3 +335,43 @@ def test_progress_lines_come_by_default_on_a_terminal(tmp_path, monkeypatch):
     code, out = run_in_a_terminal(tmp_path, SLOW_TEST, "--mpi-sizes=2")
     assert code == 0, out
     assert "[mpiexec -n 2]" in out and "0/1 tests done, running test_user.py::test_slow" in out, out
+
+
+def test_the_launch_timeout_scales_with_the_tests_and_the_ranks_per_core():
+    from mpisphere.testing.options import (LAUNCH_FLOOR, LAUNCH_SETUP, SECONDS_PER_TEST, grids_at,
+                                           launch_timeout, launch_timeout_choice)
+    assert launch_timeout("auto", 10, 2, 2) == LAUNCH_FLOOR              # a small launch: the floor
+    big = launch_timeout("auto", 2000, 2, 2)
+    assert big == LAUNCH_SETUP + 2000 * SECONDS_PER_TEST > LAUNCH_FLOOR
+    assert launch_timeout("auto", 2000, 6, 2) == LAUNCH_SETUP + 2000 * SECONDS_PER_TEST * 3  # 3 ranks a core
+    assert launch_timeout("auto", 2000, 6, 8) == big                     # enough cores: no share
+    assert launch_timeout(120.0, 2000, 6, 2) == 120.0                    # given seconds are kept
+    assert launch_timeout_choice("auto") == "auto" and launch_timeout_choice("75") == 75.0
+    for bad in ("soon", "0", "-3"):
+        with pytest.raises(pytest.UsageError, match="--mpi-launch-timeout must be"):
+            launch_timeout_choice(bad)
+    # each test counts once per grid it runs on: 1x2 and 2x1 at two ranks, one of 2x3 and 3x2 at six
+    assert [grids_at(n, False, False) for n in (1, 2, 3, 4, 6)] == [1, 2, 2, 1, 1]
+    assert [grids_at(n, True, False) for n in (1, 2, 3, 4, 6)] == [1, 2, 2, 1, 2]
+    assert grids_at(2, False, True) == 1 and grids_at(2, True, True) == 2
+
+
+ENDLESS_TEST = '''
+import time
+import pytest
+
+
+@pytest.mark.mpi(min_size=2)
+def test_endless(comm):
+    time.sleep(600)
+'''
+
+
+def test_a_launch_that_nears_its_timeout_says_so_before_it_is_killed(tmp_path):
+    code, out = run_project(tmp_path, ENDLESS_TEST, "--mpi-sizes=2", "--mpi-test-timeout=300",
+                            "--mpi-launch-timeout=10")
+    assert code == 1, out
+    said = re.search(r"\[mpiexec -n 2\] \d+ s of its 10 s launch timeout \(--mpi-launch-timeout\): 0/1 tests done",
+                     out)
+    killed = out.find("killed after the launch timeout of 10 s")
+    assert said and 0 <= said.start() < killed, out

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from .options import LONG_RUN, PLUGIN
+from .options import LONG_RUN, PLUGIN, WARN_AT, launch_timeout, usable_cores
 from .progress import (BASETEMP_VARIABLE, HANGS_VARIABLE, PROGRESS_SECONDS, PROGRESS_VARIABLE, all_passed, clean,
                        hang_tracebacks, progress_counts, progress_report, session_failure, shows_progress)
 
@@ -58,13 +58,16 @@ class MpiLaunchFailed(Exception):
 class MpiLaunch(pytest.Item):
     """One ``mpiexec -n N python -m pytest --with-mpi`` run of the MPI tests."""
 
-    def __init__(self, *, nranks, files, ntests, long_runs=True, **kwargs):
+    def __init__(self, *, nranks, files, ntests, runs=None, long_runs=True, **kwargs):
         super().__init__(**kwargs)
         self.nranks = nranks
         self.long_runs = long_runs  # whether this launch runs the tests marked long_run
         self.proc = self.output = self.ended = None
         self.files = files
         self.ntests = ntests
+        self.runs = ntests if runs is None else runs  # each test once per grid it runs on
+        self.timeout = launch_timeout(self.config.getoption("--mpi-launch-timeout"), self.runs, nranks,
+                                      usable_cores())
         self.summary = None
         self.add_marker("mpi")
 
@@ -172,19 +175,26 @@ class MpiLaunch(pytest.Item):
         return outer.bytecode
 
     def _wait(self):
-        cmd, proc, start = self.cmd, self.proc, self.started
-        timeout = self.config.getoption("--mpi-launch-timeout")
+        cmd, proc, start, timeout = self.cmd, self.proc, self.started, self.timeout
         shows = shows_progress(self.config)
+        warned = False
         try:
             while True:  # wait in slices, saying where the launch is between them (when asked, or on a terminal)
-                left = timeout - (time.monotonic() - start)
+                elapsed = time.monotonic() - start
+                left = timeout - elapsed
+                until_warning = WARN_AT * timeout - elapsed if not warned else left
                 try:
-                    proc.wait(timeout=max(0.0, min(left, PROGRESS_SECONDS if shows else left)))
+                    proc.wait(timeout=max(0.0, min(left, PROGRESS_SECONDS if shows else max(until_warning, 0.0))))
                     break
                 except subprocess.TimeoutExpired:
-                    if time.monotonic() - start >= timeout:
+                    elapsed = time.monotonic() - start
+                    if elapsed >= timeout:
                         raise
-                    self._show_progress(time.monotonic() - start)
+                    if not warned and elapsed >= WARN_AT * timeout:
+                        warned = True
+                        self._write(self._nearing(elapsed))
+                    if shows:
+                        self._show_progress(elapsed)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
@@ -207,11 +217,28 @@ class MpiLaunch(pytest.Item):
         self.output.seek(0)
         return self.output.read()
 
+    def _nearing(self, elapsed):
+        """The line a launch writes when it has used ``WARN_AT`` of its timeout: where it is, what it may need."""
+        done, collected, _ = progress_counts(self.progress)
+        line = (f"[mpiexec -n {self.nranks}] {elapsed:.0f} s of its {self.timeout:.0f} s launch timeout "
+                f"(--mpi-launch-timeout): {done}/{collected or '?'} tests done")
+        if done and collected:
+            needed = elapsed / done * collected
+            line += f"; at this rate it needs about {needed:.0f} s in all"
+            if needed > self.timeout:
+                line += (f", past the timeout: the machine is slower or busier than the timeout allows (pass "
+                         f"--mpi-launch-timeout={1.5 * needed:.0f}, or fewer ranks than "
+                         f"{self.nranks} on {usable_cores()} cores)")
+        return line
+
     def _show_progress(self, elapsed):
         """One line: this launch, its tests done of collected, the one running now (outside pytest's capture)."""
         done, collected, running = progress_counts(self.progress)
-        line = (f"[mpiexec -n {self.nranks}] {elapsed:5.0f} s: {done}/{collected or '?'} tests done"
-                + (f", running {running}" if running else ""))
+        self._write(f"[mpiexec -n {self.nranks}] {elapsed:5.0f} s: {done}/{collected or '?'} tests done"
+                    + (f", running {running}" if running else ""))
+
+    def _write(self, line):
+        """A line on the terminal now, outside pytest's capture."""
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
         capture = self.config.pluginmanager.get_plugin("capturemanager")
         if reporter is None:

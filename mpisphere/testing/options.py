@@ -25,9 +25,12 @@ def add_options(parser):
                     help=f"the full matrix: rank counts {FULL_SIZES} unless --mpi-sizes says otherwise, every test "
                          "on both grids of 6 ranks (default: one of them each), and tests marked long_run on every "
                          "grid of every rank count (default: one grid of the 2-rank launch; env MPISPHERE_TEST_FULL=1)")
-    group.addoption("--mpi-launch-timeout", type=float,
-                    default=float(os.environ.get("MPISPHERE_TEST_LAUNCH_TIMEOUT", "900")),
-                    help="seconds one mpiexec launch may take before it is killed (default %(default)s)")
+    group.addoption("--mpi-launch-timeout", type=launch_timeout_choice,
+                    default=launch_timeout_choice(os.environ.get("MPISPHERE_TEST_LAUNCH_TIMEOUT", "auto")),
+                    help="seconds one mpiexec launch may take before it is killed, or 'auto' (the default): "
+                         f"{LAUNCH_FLOOR:g} s or, for a launch that holds more, {LAUNCH_SETUP:g} s plus "
+                         f"{SECONDS_PER_TEST:g} s per test and grid, times the ranks per core when they outnumber the "
+                         "cores; a launch that has used 80%% of it says so (env MPISPHERE_TEST_LAUNCH_TIMEOUT)")
     group.addoption("--mpi-test-timeout", type=float,
                     default=float(os.environ.get("MPISPHERE_TEST_TIMEOUT", "180")),
                     help="seconds one MPI test may take before its ranks are ended (default %(default)s)")
@@ -43,6 +46,49 @@ def add_options(parser):
                          "one running (auto: when the output is a terminal; env MPISPHERE_TEST_PROGRESS_LINES)")
 
 
+LAUNCH_FLOOR = 900.0      # seconds: the least an 'auto' launch timeout gives any launch
+LAUNCH_SETUP = 60.0       # seconds: a launch's start (MPI, imports, collection) before its first test
+# seconds one test on one grid may take on a core of its own, on average over a launch: measured 0.05-0.13 s on two
+# idle cores (0.054 s a test at 2 ranks, 0.127 s at 6 ranks, 2026-12-07) and about 6 times that at a load of 7-11
+SECONDS_PER_TEST = 1.0
+WARN_AT = 0.8             # the share of its timeout after which a launch says it nears it
+
+
+def launch_timeout_choice(text):
+    """``--mpi-launch-timeout``: ``"auto"`` or positive seconds."""
+    text = str(text).strip()
+    if text == "auto":
+        return text
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise pytest.UsageError(f"--mpi-launch-timeout must be 'auto' or seconds, got {text!r}") from None
+    if not seconds > 0:
+        raise pytest.UsageError(f"--mpi-launch-timeout must be positive, got {text!r}")
+    return seconds
+
+
+def launch_timeout(choice, ntests, nranks, cores):
+    """The seconds a launch of ``ntests`` tests (each test once per grid it runs on) on ``nranks`` ranks may take.
+
+    ``choice``: ``--mpi-launch-timeout`` (seconds, taken as they are, or ``"auto"``). ``auto`` scales with
+    what the launch holds: ``LAUNCH_SETUP + ntests * SECONDS_PER_TEST``, times ``nranks / cores`` where the
+    ranks outnumber the cores (oversubscribed ranks share them), and never less than ``LAUNCH_FLOOR``.
+    """
+    if choice != "auto":
+        return float(choice)
+    share = max(1.0, nranks / max(1, cores))
+    return max(LAUNCH_FLOOR, LAUNCH_SETUP + ntests * SECONDS_PER_TEST * share)
+
+
+def usable_cores():
+    """The cores this process may run on (its CPU affinity where the platform tells it)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def is_inner(config):
     return bool(config.getoption("--with-mpi") or config.getoption("--only-mpi"))
 
@@ -56,6 +102,16 @@ def mpi_sizes(config):
     if not sizes or sizes[0] < 1:
         raise pytest.UsageError(f"--mpi-sizes must list positive rank counts, got {text!r}")
     return sizes
+
+
+def grids_at(nranks, full, long_run):
+    """On how many process grids a test that takes the ``grid`` fixture runs in a launch of ``nranks`` ranks."""
+    shapes = GRID_SHAPES.get(nranks, [None])
+    if long_run and not full:
+        return 1
+    if not full and len(shapes) == 2 and min(shapes[0]) >= 2:  # 2x3 and 3x2: each test on one of them
+        return 1
+    return len(shapes)
 
 
 def long_run_size(fits):

@@ -6,7 +6,7 @@ import shutil
 import pytest
 
 from .launch import MpiLaunch, MpiLaunchFailed
-from .options import ALSO_AT, LONG_RUN, long_run_size, mpi_sizes
+from .options import ALSO_AT, LONG_RUN, grids_at, long_run_size, mpi_sizes
 
 
 def _outer_process_guard(MPI, name, plugin):
@@ -118,8 +118,10 @@ class OuterPlugin:
         launchers = []
         for n, group in sorted(by_size.items()):
             files = sorted({str(item.path) for item in group})
+            runs = sum(grids_at(n, full, item.get_closest_marker(LONG_RUN) is not None)
+                       if "grid" in getattr(item, "fixturenames", ()) else 1 for item in group)
             launchers.append(MpiLaunch.from_parent(session, name=f"mpiexec-n{n}", nranks=n, files=files,
-                                                   ntests=len(group), long_runs=full or n in long_runs))
+                                                   ntests=len(group), runs=runs, long_runs=full or n in long_runs))
         self.launchers = launchers
         items[:] = serial + launchers
         choice = config.getoption("--mpi-overlap")
