@@ -27,6 +27,12 @@ What differs, on purpose:
   Every forward compares the parameters across the ranks (a digest of each):
   a checkpoint loaded on one rank only raises on every rank, naming the
   parameter.
+* **Plain torch layers beside them need** :func:`replicate`: a linear
+  layer's parameters used on every rank's tile get one tile's gradient
+  each. ``replicate(model)``, once on the whole model, covers every
+  parameter of it (rank 0's values, compared at each forward by their paths
+  in the model, gradients summed over the grid); a drop-in module that
+  trains outside a replicated model warns once (:class:`ReplicationWarning`).
 * **Precision follows the input**: float32 or float64 throughout
   (torch-harmonics computes its spectral convolution in float32 whatever
   the input).
@@ -42,6 +48,7 @@ its groups); every module also takes ``process_grid=`` instead.
 
 import contextvars
 import math
+import warnings
 
 import numpy
 import torch
@@ -58,12 +65,14 @@ from .sht import (DistributedInverseRealSHT as _InverseSHT, DistributedInverseRe
                   DistributedRealSHT as _SHT, DistributedRealVectorSHT as _VectorSHT)
 from .spectral_convolution import SpectralConvS2, spectral_truncation
 from .torch import RECORDED, apply, as_array, as_tensor
+from .torch_replicate import Replication, ReplicationWarning, replicate as _replicate
 
 __all__ = ["init", "finalize", "is_initialized", "process_grid", "polar_group_size", "azimuth_group_size",
            "polar_group_rank", "azimuth_group_rank", "compute_split_shapes", "DistributedRealSHT",
            "DistributedInverseRealSHT", "DistributedRealVectorSHT", "DistributedInverseRealVectorSHT",
            "DistributedDiscreteContinuousConvS2", "DistributedDiscreteContinuousConvTransposeS2",
-           "DistributedQuadratureS2", "DistributedResampleS2", "DistributedSpectralConvS2"]
+           "DistributedQuadratureS2", "DistributedResampleS2", "DistributedSpectralConvS2", "replicate",
+           "Replication", "ReplicationWarning"]
 
 _DEFAULT_GRID = contextvars.ContextVar("mpisphere.torch_harmonics grid", default=None)
 
@@ -96,19 +105,46 @@ def process_grid(grid=None):
 
 
 def polar_group_size():
+    """The number of polar ranks of the process grid (torch-harmonics' polar group size)."""
     return process_grid().npolar
 
 
 def azimuth_group_size():
+    """The number of azimuth ranks of the process grid (torch-harmonics' azimuth group size)."""
     return process_grid().nazimuth
 
 
 def polar_group_rank():
+    """This rank's place among the polar ranks (torch-harmonics' polar group rank)."""
     return process_grid().polar_rank
 
 
 def azimuth_group_rank():
+    """This rank's place among the azimuth ranks (torch-harmonics' azimuth group rank)."""
     return process_grid().azimuth.rank
+
+
+def replicate(module, process_grid=None):
+    """Make every parameter of ``module`` whole-sphere on the process grid (``init``'s): call it once on a model.
+
+    The drop-in modules of this package sum their own parameters' gradients;
+    a plain layer beside them (a linear layer, an MLP, a 1 x 1 convolution)
+    would get one tile's gradient on each rank. After ``replicate(model)``
+    every parameter of ``model`` holds rank 0's value, is compared across
+    the ranks at every forward of ``model`` (a difference raises on every
+    rank, naming its path), and gets the whole-sphere gradient on every rank
+    after ``backward``. A layer that cannot run on a tile (a convolution
+    wider than 1 x 1, pooling, batch or instance normalisation) is refused,
+    naming its path. Collective over the grid; see
+    :func:`mpisphere.torch_replicate.replicate`.
+
+    Returns
+    -------
+    Replication
+        The paths of the parameters it sums (``.summed``) and of those the
+        drop-in modules sum themselves (``.own``).
+    """
+    return _replicate(module, _grid_of(process_grid))
 
 
 def compute_split_shapes(size, num_chunks):
@@ -268,6 +304,10 @@ class _Layer(torch.autograd.Function):
 class _ParametrisedLayer(torch.nn.Module):
     """What the layers with parameters share: the same initial values everywhere, the autograd node."""
 
+    mpisphere_sums_own_gradients = True  # (torch_replicate.SUMS_OWN_GRADIENTS) replicate() leaves their sums to us
+    mpisphere_covered = False  # set by replicate(): the model around this module sums its other parameters
+    _uncovered_said = False     # the ReplicationWarning, once per module
+
     def _share_initial_parameters(self):
         # rank 0's random start on every rank: the ranks' generators need not agree
         call = Call(self.process_grid.cart, f"{type(self).__name__}.__init__")
@@ -277,7 +317,16 @@ class _ParametrisedLayer(torch.nn.Module):
                 p.copy_(torch.from_numpy(value))
 
     def _recorded(self, x, parameters):
-        return torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in parameters))
+        recorded = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in parameters))
+        if recorded and not self.mpisphere_covered and not self._uncovered_said:
+            self._uncovered_said = True
+            warnings.warn(
+                f"{type(self).__name__} trains in a model that mpisphere.torch_harmonics.replicate() has not "
+                "covered: its own parameters get whole-sphere gradients, but any plain torch layer beside it (a "
+                "linear layer, an MLP, a 1 x 1 convolution) gets only this rank's tile's, and the ranks' models "
+                "drift apart without an error. Call thd.replicate(model) once on the whole model before training.",
+                ReplicationWarning, stacklevel=2)
+        return recorded
 
     def _apply_layer(self, x, parameters):
         return _Layer.apply(x, self, self._recorded(x, parameters), *parameters)

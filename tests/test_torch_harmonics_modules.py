@@ -304,3 +304,133 @@ def test_training_matches_the_serial_run(grid):
     assert losses[-1][0] < losses[0][0]
     for (name, p), q in zip(serial.named_parameters(), ours.parameters()):
         assert close(q.detach().to(p.dtype), p.detach(), 1e-10), name
+
+
+class PortedNetwork(torch.nn.Module):
+    """The shape of a ported model: DISCO, a plain MLP over the channels, DISCO, a plain 1 x 1 output head."""
+
+    def __init__(self, enc, dec):
+        super().__init__()
+        self.enc, self.dec = enc, dec
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.GELU(), torch.nn.Linear(8, 3))
+        self.head = torch.nn.Conv2d(3, 1, 1)
+
+    def forward(self, x):
+        h = self.enc(x)
+        h = h + self.mlp(h.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        return self.head(torch.nn.functional.gelu(self.dec(h)))
+
+
+def ported_pair(grid, shape):
+    """The serial network (torch-harmonics' DISCO) and ours (the drop-in's) with the same parameters."""
+    torch.manual_seed(6)
+    serial = PortedNetwork(th.DiscreteContinuousConvS2(2, 3, shape, shape, (3,), optimized_kernel=False),
+                           th.DiscreteContinuousConvS2(3, 3, shape, shape, (3,), optimized_kernel=False))
+    ours = PortedNetwork(thd.DistributedDiscreteContinuousConvS2(2, 3, shape, shape, (3,), process_grid=grid),
+                         thd.DistributedDiscreteContinuousConvS2(3, 3, shape, shape, (3,), process_grid=grid))
+    ours.load_state_dict(serial.state_dict())       # the serial model's names, whole tensors
+    return serial, ours
+
+
+@pytest.mark.parametrize("replicated", [True, False], ids=["replicate", "plain"])
+def test_a_ported_model_with_plain_layers_trains_as_the_serial_one_once_replicated(grid, replicated):
+    """20 Adam steps: with replicate(model) the losses and parameters are the serial run's on every rank; without
+    it the plain layers' gradients are one tile's (the hazard it closes, and the warning that says so)."""
+    shape = (12, 24)
+    serial, ours = ported_pair(grid, shape)
+    if replicated:
+        covered = thd.replicate(ours, process_grid=grid)
+        assert set(covered.own) == {"enc.weight", "enc.bias", "dec.weight", "dec.bias"}
+        assert set(covered.summed) == {"mlp.0.weight", "mlp.0.bias", "mlp.2.weight", "mlp.2.bias", "head.weight",
+                                       "head.bias"}
+    torch.manual_seed(7)
+    x, target = torch.randn(2, 2, *shape), torch.randn(2, 1, *shape)
+    weights = row_weights(*shape)
+    quad = thd.DistributedQuadratureS2(shape, process_grid=grid)
+    x_tile, target_tile = tile_of(grid, x), tile_of(grid, target)
+    optimisers = [torch.optim.Adam(serial.parameters(), lr=1e-2, eps=1e-6),
+                  torch.optim.Adam(ours.parameters(), lr=1e-2, eps=1e-6)]
+    losses = []
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always", thd.ReplicationWarning)
+        for _ in range(20):
+            for opt in optimisers:
+                opt.zero_grad()
+            a = ((serial(x) - target) ** 2 * weights).sum()
+            a.backward()
+            b = quad((ours(x_tile) - target_tile) ** 2).sum()
+            b.backward()
+            losses.append((float(a), float(b)))
+            for opt in optimisers:
+                opt.step()
+    warned = [w for w in said if issubclass(w.category, thd.ReplicationWarning)]
+    mine = {name: p.detach().clone() for name, p in ours.named_parameters()}
+    everyone = grid.cart.allgather({name: p.numpy() for name, p in mine.items()})
+    same_everywhere = all(numpy.array_equal(theirs[name], everyone[0][name]) for theirs in everyone
+                          for name in mine)
+    matches = all(close(mine[name], p.detach(), 1e-8) for name, p in serial.named_parameters())
+    if not replicated:
+        assert len(warned) == 2 and "replicate(model)" in str(warned[0].message)  # once per drop-in module
+        if grid.size > 1:
+            assert not matches and not same_everywhere   # what a user got without a word before
+        return
+    assert not warned
+    for a, b in losses:
+        assert abs(a - b) <= 1e-9 * abs(a)
+    assert losses[-1][0] < losses[0][0]
+    assert matches and same_everywhere
+
+
+def test_replicate_shares_rank_0s_values_and_refuses_a_parameter_changed_on_one_rank(grid):
+    """Plain layers initialised differently per rank take rank 0's values; a parameter loaded on one rank only
+    (a plain one or a drop-in's) raises at the next forward on every rank, naming its path in the model."""
+    shape = (12, 24)
+    _, ours = ported_pair(grid, shape)
+    torch.manual_seed(100 + grid.rank)
+    ours.mlp[0].reset_parameters()                      # a different start on every rank
+    thd.replicate(ours, process_grid=grid)
+    firsts = grid.cart.allgather(ours.mlp[0].weight.detach().numpy())
+    assert all(numpy.array_equal(f, firsts[0]) for f in firsts)
+    x = torch.randn(1, 2, *grid.local_shape(*shape))
+    ours(x)
+    for path in ("head.weight", "enc.weight"):
+        state = {k: v.clone() for k, v in ours.state_dict().items()}
+        if grid.rank == grid.size - 1:
+            state[path] += 1
+        ours.load_state_dict(state)
+        if grid.size > 1:
+            with raises(ValueError, match=rf"{path}: ranks .* rank {grid.size - 1}"):
+                ours(x)
+        thd.replicate(ours, process_grid=grid)   # rank 0's values again, on every rank
+        ours(x)
+
+
+def test_replicate_sums_each_backward_so_accumulated_gradients_stay_whole(grid):
+    shape = (12, 24)
+    _, ours = ported_pair(grid, shape)
+    thd.replicate(ours, process_grid=grid)
+    torch.manual_seed(8)
+    x = tile_of(grid, torch.randn(2, 2, *shape))
+    quad = thd.DistributedQuadratureS2(shape, process_grid=grid)
+    quad(ours(x[:1]) ** 2).sum().backward()
+    first = ours.head.weight.grad.clone()
+    quad(ours(x[1:]) ** 2).sum().backward()          # accumulated onto the first
+    both = ours.head.weight.grad.clone()
+    ours.zero_grad()
+    quad(ours(x[1:]) ** 2).sum().backward()
+    assert close(both, first + ours.head.weight.grad, 1e-12)
+    grads = grid.cart.allgather(both.numpy())
+    assert all(numpy.array_equal(g, grads[0]) for g in grads)
+
+
+@pytest.mark.parametrize("layer, found", [
+    (torch.nn.Conv2d(3, 3, 3, padding=1), r"kernel_size=\(3, 3\)"),
+    (torch.nn.BatchNorm2d(3), "statistics"),
+    (torch.nn.LayerNorm((12, 24)), r"normalized_shape=\(12, 24\)"),
+    (torch.nn.AvgPool2d(2), "pooling")], ids=["conv3x3", "batchnorm", "layernorm", "pool"])
+def test_replicate_refuses_a_layer_that_mixes_points_by_its_path(grid, layer, found):
+    _, ours = ported_pair(grid, (12, 24))
+    ours.mlp.append(torch.nn.Sequential(layer))
+    with raises(ValueError, match=rf"mlp\.3\.0 \({type(layer).__name__}\) cannot run on a tile as it is: .*{found}"):
+        thd.replicate(ours, process_grid=grid)
+    assert getattr(ours, "mpisphere_replication", None) is None
