@@ -71,7 +71,7 @@ model = swe.linearize(state, 2)
 model.adjoint(model.forward(1e-3 * state))
 swe.diagnostics(state)
 grid.free()
-print("clean under traps:", ",".join(sorted(ran)), flush=True)
+print(f"clean under traps: {','.join(sorted(ran))}", flush=True)  # one write: the ranks share the pipe
 '''
 
 
