@@ -34,12 +34,13 @@ from mpi4py import MPI
 
 import mpisphere
 from benchtools import grid_shapes, measure, write_results
-from mpisphere import ProcessGrid, Transpose
+from mpisphere import ProcessGrid, ReduceScatter, Transpose
 from mpisphere.examples import ShallowWaterSolver
 from mpisphere.operators import AdjointOperator
 from mpisphere.sht.coupling import VectorCoupling
 from mpisphere.sht.fourier import FourierStage, Truncation
 from mpisphere.sht.legendre_stage import LegendreStage
+from mpisphere.sht.strategies.base import OwnLatitudeStage
 
 CATEGORIES = ("transposes (MPI)", "FFT", "Legendre + coupling", "checks, agreement, copies",
               "grid-point and spectral work")
@@ -67,11 +68,11 @@ class StageClock:
 
 def stage_category(stage):
     inner = stage.op if isinstance(stage, AdjointOperator) else stage
-    if isinstance(inner, Transpose):
+    if isinstance(inner, (Transpose, ReduceScatter)):  # the reduce-scatter strategies' polar sum is the latter
         return "transposes (MPI)"
     if isinstance(inner, FourierStage):
         return "FFT"
-    if isinstance(inner, (LegendreStage, VectorCoupling)):
+    if isinstance(inner, (LegendreStage, OwnLatitudeStage, VectorCoupling)):  # every Legendre strategy's stage
         return "Legendre + coupling"
     if isinstance(inner, Truncation):
         return "checks, agreement, copies"
