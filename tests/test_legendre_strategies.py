@@ -237,9 +237,11 @@ def test_a_device_array_is_refused_by_the_table_free_strategy_before_the_ranks_a
     assert held._output(FORWARD, spec)[0].device
 
 
-def test_auto_runs_each_batch_with_the_strategy_the_cost_model_gives(grid):
+def test_auto_runs_each_batch_with_the_strategy_the_cost_model_gives(grid, monkeypatch):
     """Few fields read a whole table for little work: auto runs them table-free; many fields with the tables."""
     from mpisphere.sht.strategies import MachineModel
+    from mpisphere.sht.strategies.machine import MODEL_VARIABLE
+    monkeypatch.delenv(MODEL_VARIABLE, raising=False)  # the defaults, whatever model this machine was given
     sht = DistributedRealSHT(grid, 61, 120, 61, 61)
     assert sht.legendre == "transpose" and sht.machine == MachineModel()
     # a machine whose tables stream slowly: one field runs table-free, many with the tables
