@@ -126,3 +126,33 @@ def test_port_of_torch_harmonics_names_and_shapes(grid):
     anomaly = swe.spec2grid(swe.dimensionless(uspec.copy()))[0]
     height = swe.spec2grid(uspec)[0] / swe.gravity
     numpy.testing.assert_allclose(anomaly, (height - swe.havg) / swe.hamp, rtol=0, atol=1e-10 * swe.havg / swe.hamp)
+
+
+@pytest.mark.parametrize("scheme", ["explicit", "semi-implicit"])
+def test_a_step_above_the_schemes_limit_warns_once_on_every_rank_with_the_largest_stable_step(grid, scheme):
+    """dt above the largest stable step of the state warns at the first timestep, once, the same on every rank;
+    inside it, nothing. The Courant number is ``dt`` times a rate of the state: ``step_limit`` at any dt gives the
+    same largest step (the same on every rank)."""
+    import warnings
+    from mpisphere.examples.shallow_water import COURANT_LIMITS
+
+    def model(dt):
+        return ShallowWaterSolver(grid, 32, 64, dt=dt, quadrature="legendre-gauss", scheme=scheme)
+
+    probe = model(100.0)
+    state = probe.galewsky_initial_condition()
+    courant, largest = probe.step_limit(state)
+    assert math.isclose(courant * largest / 100.0, COURANT_LIMITS[scheme], rel_tol=1e-12)
+    assert grid.cart.allgather((courant, largest)) == [(courant, largest)] * grid.size
+    for dt, warns in ((0.8 * largest, False), (1.2 * largest, True)):
+        swe = model(dt)
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            after = swe.timestep(state, 1)
+            swe.timestep(after, 1)
+        found = [str(w.message) for w in said if issubclass(w.category, RuntimeWarning)]
+        assert len(found) == int(warns), found
+        if warns:
+            assert f"the largest stable step is about {largest:.0f} s" in found[0], found[0]
+            assert f"Courant number {1.2 * COURANT_LIMITS[scheme]:.3f}" in found[0], found[0]
+            assert grid.cart.allgather(found[0]) == [found[0]] * grid.size

@@ -62,6 +62,14 @@ __all__ = ["ShallowWaterSolver"]
 
 SCHEMES = ("explicit", "semi-implicit")
 
+# The largest Courant number each scheme stays stable at, in the number step_limit() computes: measured on
+# Galewsky's jet over one day (2026-12-07). Explicit AB3 with the model's implicit hyperdiffusion: stable at 0.824
+# and unstable at 0.863 on the 64 x 128 Gauss grid (dt 210 / 220 s), stable at 0.853 and unstable at 0.882 on O48
+# (290 / 300 s); the estimate bounds the fastest mode's frequency from above, which is why this exceeds AB3's
+# 0.72 on the imaginary axis. Semi-implicit (advection only, leapfrog): stable at 1.62, growing at 1.73 (64 x 128,
+# 2100 / 2250 s).
+COURANT_LIMITS = {"explicit": 0.85, "semi-implicit": 1.6}
+
 
 def williamson5_orography(lats, lons):
     """Williamson et al. (1992) case 5's mountain (m) at ``lats``, ``lons`` (radians, broadcast together).
@@ -310,7 +318,8 @@ class ShallowWaterSolver(Described):
         self.hyperdiff = self.hyperdiffusion.weights
         self._implicit = None if scheme == "explicit" else self._gravity_waves()
         self._sum = ReduceFrom(grid.cart)                 # integrals: sums over the ranks, agreed like any call
-        self._each = GatherFrom(grid.cart, 0, grid.size)  # one number from every rank (the largest vorticity)
+        self._each = GatherFrom(grid.cart, 0, grid.size)  # numbers from every rank (the largest vorticity, speeds)
+        self._step_warned = False  # the step limit's warning: once per model
 
     # --- transforms, as torch-harmonics names them ------------------------------------------
 
@@ -382,6 +391,56 @@ class ShallowWaterSolver(Described):
         return dudtspec, numpy.stack([ugrid[0], absvort, uvgrid[0], uvgrid[1]])
 
     @collective
+    def step_limit(self, uspec):
+        """The Courant number of ``dt`` on the state ``uspec`` and the largest step the scheme keeps stable.
+
+        The fastest frequency of the model's highest degree ``L = lmax - 1``
+        on this state is bounded by ``(sqrt(L (L + 1)) c + L |v|) / radius``,
+        with ``c = sqrt(phi)`` the gravity-wave speed and ``|v|`` the wind
+        speed, each the largest over the sphere (the semi-implicit scheme
+        treats gravity waves implicitly: advection only). The Courant number
+        is ``dt`` times that; the scheme is stable below the limit measured for
+        it (``COURANT_LIMITS``: 0.85 explicit, 1.6 semi-implicit).
+        :meth:`timestep` warns once per model (a ``RuntimeWarning``, the same
+        on every rank) when a call starts above it.
+
+        Returns
+        -------
+        courant : float
+        largest_dt : float
+            The step (s) at which the Courant number meets the limit on this
+            state (``inf`` at rest). Both are the same on every rank.
+        """
+        return self._courant(self.spec2grid(uspec[:1])[0], self.getuv(uspec[1:]))
+
+    def _courant(self, phi, uv):
+        """``(courant, largest_dt)`` from this rank's geopotential and winds (one gather of two numbers)."""
+        local = numpy.zeros((1, 2))
+        if phi.size:
+            local[0] = max(float(phi.max()), 0.0), float((uv[0] ** 2 + uv[1] ** 2).max())
+        top = self._each.forward(local).max(axis=0)
+        L = self.lmax - 1
+        gravity_waves = math.sqrt(L * (L + 1) * top[0]) if self._implicit is None else 0.0
+        rate = (gravity_waves + L * math.sqrt(top[1])) / self.radius
+        limit = COURANT_LIMITS[self.scheme]
+        return self.dt * rate, (limit / rate if rate > 0 else math.inf)
+
+    def _check_step(self, fields):
+        """Warn once (every rank alike) when ``dt`` is above the scheme's stable step on the state of ``fields``."""
+        if self._step_warned:
+            return
+        courant, largest = self._courant(fields[0], fields[2:4])
+        if courant > COURANT_LIMITS[self.scheme]:
+            self._step_warned = True
+            warnings.warn(
+                f"ShallowWaterSolver: dt={self.dt:g} s is above the {self.scheme} scheme's stable step on this state: "
+                f"Courant number {courant:.3f} (the scheme's limit {COURANT_LIMITS[self.scheme]:g}, with the "
+                f"fastest gravity wave and wind of the state at degree {self.lmax - 1}); the largest stable step is "
+                f"about {largest:.0f} s. The highest degrees will grow (ripples, then a blow-up): take dt <= "
+                f"{largest:.0f}" + (" or scheme='semi-implicit'" if self._implicit is None else "")
+                + " (step_limit(state) computes both).", RuntimeWarning, stacklevel=4)
+
+    @collective
     def timestep(self, uspec, nsteps, history=None):
         """Integrate ``nsteps`` steps of the model's scheme, with hyperdiffusion; returns the new state.
 
@@ -404,7 +463,7 @@ class ShallowWaterSolver(Described):
         """
         self._check_history(history, "ShallowWaterSolver.timestep", uspec)
         first = 0 if history is None else history.step
-        final = self._integrate(uspec, nsteps, None, history)
+        final = self._integrate(uspec, nsteps, None, history, check_step=True)
         self._check_finite(final, "ShallowWaterSolver.timestep", first + nsteps)
         return final
 
@@ -484,10 +543,16 @@ class ShallowWaterSolver(Described):
         uspec[..., 1:, :, :] = self.hyperdiffusion.forward(uspec[..., 1:, :, :])
         return uspec
 
-    def _integrate(self, uspec, nsteps, trajectory, history=None, who="ShallowWaterSolver.timestep"):
+    def _integrate(self, uspec, nsteps, trajectory, history=None, who="ShallowWaterSolver.timestep",
+                   check_step=False):
+        pending = [check_step]  # the step's stability is checked on the first state of the call
+
         def tendency(n, state):
             self._check_finite(state, who, n)
             dudt, fields = self._tendency(state)
+            if pending[0]:
+                pending[0] = False
+                self._check_step(fields)
             if trajectory is not None:
                 trajectory.append(fields)
             return dudt
