@@ -595,13 +595,14 @@ class ProcessGrid:
         if self._freed:
             return
         if not MPI.Is_finalized():
-            # freeing ends the grid's calls: a halo call that failed elsewhere is not raised here (no rank can be
-            # left waiting in a later call on this grid)
-            self.cart.failures.free()
+            # a free refused here (another rank is in another call) leaves the grid as it was, its failure notes
+            # included: they are dropped only once every rank has agreed to free it
             Call(self.cart, "ProcessGrid.free").agree("ProcessGrid.free")
         self._freed = True
         self.exit_notice.cancel()
         if not MPI.Is_finalized():
+            # freeing ends the grid's calls: a halo call that failed elsewhere is not raised any more (no rank can
+            # be left waiting in a later call on this grid); every rank has sent its notes by now
             self.cart.failures.free()
         self.scratch.clear()
         if self.node_memory is not None:

@@ -46,6 +46,7 @@ process-wide value of this module, as ``torch_harmonics.distributed`` keeps
 its groups); every module also takes ``process_grid=`` instead.
 """
 
+import contextlib
 import contextvars
 import math
 import warnings
@@ -176,14 +177,16 @@ class _Transform(torch.nn.Module):
         super().__init__()
         pg = _grid_of(process_grid)
         self.process_grid = pg
-        self.nlat, self.nlon, self.grid, self.norm, self.csphase = nlat, nlon, grid, norm, csphase
-        self.lmax, self.mmax = truncate_sht(nlat, nlon, lmax, mmax, quadrature=grid)
-        self.lat_shapes = compute_split_shapes(nlat, pg.npolar)
-        self.lon_shapes = compute_split_shapes(nlon, pg.nazimuth)
-        self.l_shapes, self.m_shapes = compute_split_shapes(self.lmax, pg.npolar), \
-            compute_split_shapes(self.mmax, pg.nazimuth)
-        self.nlat_local, self.nlon_local = self.lat_shapes[pg.polar_rank], self.lon_shapes[pg.azimuth.rank]
-        self.lmax_local, self.mmax_local = self.l_shapes[pg.polar_rank], self.m_shapes[pg.azimuth.rank]
+        with _constructing(pg, type(self).__name__, nlat=nlat, nlon=nlon, lmax=lmax, mmax=mmax, grid=grid, norm=norm,
+                           csphase=csphase):
+            self.nlat, self.nlon, self.grid, self.norm, self.csphase = nlat, nlon, grid, norm, csphase
+            self.lmax, self.mmax = truncate_sht(nlat, nlon, lmax, mmax, quadrature=grid)
+            self.lat_shapes = compute_split_shapes(nlat, pg.npolar)
+            self.lon_shapes = compute_split_shapes(nlon, pg.nazimuth)
+            self.l_shapes, self.m_shapes = compute_split_shapes(self.lmax, pg.npolar), \
+                compute_split_shapes(self.mmax, pg.nazimuth)
+            self.nlat_local, self.nlon_local = self.lat_shapes[pg.polar_rank], self.lon_shapes[pg.azimuth.rank]
+            self.lmax_local, self.mmax_local = self.l_shapes[pg.polar_rank], self.m_shapes[pg.azimuth.rank]
         self._ops = _PerDtype(lambda dtype: self._operator(pg, nlat, nlon, self.lmax, self.mmax, quadrature=grid,
                                                            norm=norm, csphase=csphase, dtype=dtype))
 
@@ -221,6 +224,17 @@ class DistributedInverseRealVectorSHT(_Transform):
     _operator = _InverseVectorSHT
 
 
+def _shape(value, name):
+    """``value`` as ``(nlat, nlon)``: two positive integers, or a ValueError naming ``name``."""
+    try:
+        nlat, nlon = (int(v) for v in value)
+        if (nlat, nlon) != tuple(value) or nlat < 1 or nlon < 1:
+            raise ValueError
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be (nlat, nlon), two positive integers, got {value!r}") from None
+    return nlat, nlon
+
+
 def _check_groups(who, in_channels, out_channels, groups, name):
     if in_channels % groups or out_channels % groups:
         raise ValueError(f"{who}: in_channels={in_channels} and out_channels={out_channels} must be multiples of "
@@ -231,15 +245,32 @@ def _grid_of(grid):
     return process_grid(grid)
 
 
+@contextlib.contextmanager
+def _constructing(process_grid, who, /, **arguments):
+    """A module's construction as one collective step: its checks as this rank's finding, then one agreement.
+
+    The block's exceptions (a bad ``groups``, a misspelt ``basis_type``, an
+    ``in_shape`` that is not two sizes) are kept, and every rank raises the
+    first of them, naming its rank, when the ranks agree on the constructor's
+    ``arguments`` (compared by value: another ``in_shape`` on one rank raises
+    too) after the block. Nothing after it communicates before that.
+    """
+    call = Call(process_grid.cart, f"{who}.__init__")
+    with call.local():
+        yield
+    call.agree(mismatch="were built with different arguments", **arguments)
+
+
 class DistributedQuadratureS2(torch.nn.Module):
     """torch-harmonics' ``DistributedQuadratureS2``: ``(..., h, w)`` tiles -> ``(...)``, the same on every rank."""
 
     def __init__(self, img_shape, grid="equiangular", normalize=False, *, process_grid=None):
         super().__init__()
         pg = _grid_of(process_grid)
-        self.img_shape, self.grid, self.normalize = tuple(img_shape), grid, normalize
-        self.lat_shapes = compute_split_shapes(img_shape[0], pg.npolar)
-        self.lon_shapes = compute_split_shapes(img_shape[1], pg.nazimuth)
+        with _constructing(pg, "DistributedQuadratureS2", img_shape=img_shape, grid=grid, normalize=normalize):
+            self.img_shape, self.grid, self.normalize = _shape(img_shape, "img_shape"), grid, normalize
+            self.lat_shapes = compute_split_shapes(img_shape[0], pg.npolar)
+            self.lon_shapes = compute_split_shapes(img_shape[1], pg.nazimuth)
         self._ops = _PerDtype(lambda dtype: QuadratureS2(pg, self.img_shape, grid, normalize, dtype=dtype))
 
     def forward(self, x):
@@ -253,12 +284,14 @@ class DistributedResampleS2(torch.nn.Module):
                  mode="bilinear", *, process_grid=None):
         super().__init__()
         pg = _grid_of(process_grid)
-        self.nlat_in, self.nlon_in, self.nlat_out, self.nlon_out = nlat_in, nlon_in, nlat_out, nlon_out
-        self.mode = mode
-        self.lat_in_shapes = compute_split_shapes(nlat_in, pg.npolar)
-        self.lon_in_shapes = compute_split_shapes(nlon_in, pg.nazimuth)
-        self.lat_out_shapes = compute_split_shapes(nlat_out, pg.npolar)
-        self.lon_out_shapes = compute_split_shapes(nlon_out, pg.nazimuth)
+        with _constructing(pg, "DistributedResampleS2", nlat_in=nlat_in, nlon_in=nlon_in, nlat_out=nlat_out,
+                           nlon_out=nlon_out, grid_in=grid_in, grid_out=grid_out, mode=mode):
+            self.nlat_in, self.nlon_in, self.nlat_out, self.nlon_out = nlat_in, nlon_in, nlat_out, nlon_out
+            self.mode = mode
+            self.lat_in_shapes = compute_split_shapes(nlat_in, pg.npolar)
+            self.lon_in_shapes = compute_split_shapes(nlon_in, pg.nazimuth)
+            self.lat_out_shapes = compute_split_shapes(nlat_out, pg.npolar)
+            self.lon_out_shapes = compute_split_shapes(nlon_out, pg.nazimuth)
         self._ops = _PerDtype(lambda dtype: ResampleS2(pg, (nlat_in, nlon_in), (nlat_out, nlon_out), grid_in,
                                                        grid_out, mode, dtype=dtype))
         self._ops(torch.float32)   # built now: a bad argument is refused at construction, on every rank
@@ -341,23 +374,27 @@ class _DiscoLayer(_ParametrisedLayer):
                  process_grid=None):
         super().__init__()
         name = type(self).__name__
-        if polar_mode != "halo-exchange":
-            raise ValueError(f"{name}: polar_mode={polar_mode!r}: mpisphere's DISCO convolutions bring the rows "
-                             "through the polar halo only (polar_mode='halo-exchange'); a cutoff wider than the halo "
-                             "reaches is refused, naming the widest one the split serves")
-        _check_groups(name, in_channels, out_channels, groups, "groups")
         pg = _grid_of(process_grid)
         self.process_grid = pg
-        self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
-        self.groupsize, self.out_per_group = in_channels // groups, out_channels // groups
-        self.nlat_in, self.nlon_in = in_shape
-        self.nlat_out, self.nlon_out = out_shape
-        self.kernel_shape, self.optimized_kernel = kernel_shape, optimized_kernel
-        self.lat_in_shapes = compute_split_shapes(self.nlat_in, pg.npolar)
-        self.lon_in_shapes = compute_split_shapes(self.nlon_in, pg.nazimuth)
-        self.lat_out_shapes = compute_split_shapes(self.nlat_out, pg.npolar)
-        self.lon_out_shapes = compute_split_shapes(self.nlon_out, pg.nazimuth)
-        kernel_size = filter_basis(kernel_shape, basis_type).kernel_size
+        with _constructing(pg, name, in_channels=in_channels, out_channels=out_channels, in_shape=in_shape,
+                           out_shape=out_shape, kernel_shape=kernel_shape, basis_type=basis_type,
+                           basis_norm_mode=basis_norm_mode, groups=groups, grid_in=grid_in, grid_out=grid_out,
+                           bias=bias, theta_cutoff=theta_cutoff, polar_mode=polar_mode):
+            if polar_mode != "halo-exchange":
+                raise ValueError(f"{name}: polar_mode={polar_mode!r}: mpisphere's DISCO convolutions bring the rows "
+                                 "through the polar halo only (polar_mode='halo-exchange'); a cutoff wider than the "
+                                 "halo reaches is refused, naming the widest one the split serves")
+            _check_groups(name, in_channels, out_channels, groups, "groups")
+            self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
+            self.groupsize, self.out_per_group = in_channels // groups, out_channels // groups
+            self.nlat_in, self.nlon_in = _shape(in_shape, "in_shape")
+            self.nlat_out, self.nlon_out = _shape(out_shape, "out_shape")
+            self.kernel_shape, self.optimized_kernel = kernel_shape, optimized_kernel
+            self.lat_in_shapes = compute_split_shapes(self.nlat_in, pg.npolar)
+            self.lon_in_shapes = compute_split_shapes(self.nlon_in, pg.nazimuth)
+            self.lat_out_shapes = compute_split_shapes(self.nlat_out, pg.npolar)
+            self.lon_out_shapes = compute_split_shapes(self.nlon_out, pg.nazimuth)
+            kernel_size = filter_basis(kernel_shape, basis_type).kernel_size
         options = dict(basis_type=basis_type, basis_norm_mode=basis_norm_mode, groups=groups,
                        quadrature_in=grid_in, quadrature_out=grid_out, theta_cutoff=theta_cutoff)
         start = numpy.zeros((out_channels, self.groupsize, kernel_size))
@@ -426,15 +463,19 @@ class DistributedSpectralConvS2(_ParametrisedLayer):
     def __init__(self, in_shape, out_shape, in_channels, out_channels, num_groups=1, grid_in="equiangular",
                  grid_out="equiangular", bias=False, *, process_grid=None):
         super().__init__()
-        _check_groups("DistributedSpectralConvS2", in_channels, out_channels, num_groups, "num_groups")
         pg = _grid_of(process_grid)
         self.process_grid = pg
-        self.in_channels, self.out_channels, self.num_groups = in_channels, out_channels, num_groups
-        self.lmax = self.mmax = spectral_truncation(in_shape, out_shape, grid_in, grid_out)
-        self.l_shapes = compute_split_shapes(self.lmax, pg.npolar)
-        self.m_shapes = compute_split_shapes(self.mmax, pg.nazimuth)
-        self.lat_shapes = compute_split_shapes(in_shape[0], pg.npolar)
-        self.lon_shapes = compute_split_shapes(in_shape[1], pg.nazimuth)
+        with _constructing(pg, "DistributedSpectralConvS2", in_shape=in_shape, out_shape=out_shape,
+                           in_channels=in_channels, out_channels=out_channels, num_groups=num_groups, grid_in=grid_in,
+                           grid_out=grid_out, bias=bias):
+            _check_groups("DistributedSpectralConvS2", in_channels, out_channels, num_groups, "num_groups")
+            self.in_channels, self.out_channels, self.num_groups = in_channels, out_channels, num_groups
+            in_shape, out_shape = _shape(in_shape, "in_shape"), _shape(out_shape, "out_shape")
+            self.lmax = self.mmax = spectral_truncation(in_shape, out_shape, grid_in, grid_out)
+            self.l_shapes = compute_split_shapes(self.lmax, pg.npolar)
+            self.m_shapes = compute_split_shapes(self.mmax, pg.nazimuth)
+            self.lat_shapes = compute_split_shapes(in_shape[0], pg.npolar)
+            self.lon_shapes = compute_split_shapes(in_shape[1], pg.nazimuth)
         shape = (num_groups, in_channels // num_groups, out_channels // num_groups, self.lmax)
         start = numpy.zeros(shape, dtype=numpy.complex128)
         self._ops = _PerDtype(lambda dtype: SpectralConvS2(pg, in_shape, out_shape, start, quadrature_in=grid_in,

@@ -785,6 +785,33 @@ def resample_dtype_on_the_last_rank(comm, grid, me):
     op.forward(numpy.zeros(grid.local_shape(NLAT, 2 * NLON), numpy.float32 if _is_last(comm, me) else numpy.float64))
 
 
+# --- issue 56 ---------------------------------------------------------------------------------------------
+
+def refused_free_then_a_halo_mistake_on_rank_0(comm, grid, me):
+    """The last rank frees a column grid while the others transform on it (refused on every rank); then rank 0
+    passes a dtype no halo moves: the far ranks must still hear of it (a refused free left them deaf)."""
+    from helpers import await_failure_note
+    with ProcessGrid(comm, comm.Get_size(), 1) as column:
+        sht = DistributedRealSHT(column, 4 * comm.Get_size(), 8)
+        try:
+            if me == _last(comm):
+                column.free()
+            else:
+                sht.forward(numpy.zeros(column.local_shape(4 * comm.Get_size(), 8)))
+        except ValueError:
+            pass  # refused on every rank, as the table's free rows show
+        halo = HaloExchange(column, 1, 1, extents=(4 * comm.Get_size(), 8))
+        h, w = column.local_shape(4 * comm.Get_size(), 8)
+        good = numpy.zeros((h + 2, w + 2))
+        try:
+            halo.update(good.astype(numpy.int8) if me == 0 else good)
+        except TypeError as first:
+            halo.update(good)
+            raise first
+        await_failure_note(column)
+        halo.update(good)
+
+
 CASES = [chunk_width, batch_gather_from, batch_reduce_from, batch_transpose, batch_halo, batch_sht,
          dtype_gather_from, dtype_copy_to_adjoint, out_shape, out_dtype, out_read_only, other_operator,
          disco_tile_on_the_last_rank, disco_weight_on_the_last_rank, spectral_convolution_whole_field_on_the_last_rank,
@@ -818,7 +845,45 @@ CASES = [chunk_width, batch_gather_from, batch_reduce_from, batch_transpose, bat
          # issue 46
          free_while_the_last_rank_transforms, free_while_rank_0_transforms, a_call_ahead_on_rank_0,
          # issue 48
-         halo_replay_next_to_a_dtype_on_the_last_rank, halo_replay_refused_in_a_thread_on_rank_0]
+         halo_replay_next_to_a_dtype_on_the_last_rank, halo_replay_refused_in_a_thread_on_rank_0,
+         # issue 56
+         refused_free_then_a_halo_mistake_on_rank_0]
+
+
+# --- issue 56: the drop-in modules' construction (needs torch: test_misuse.py skips these rows without it) ------
+
+def _dropin_disco(grid, **changed):
+    import torch  # noqa: F401 -- the rows need the torch extra
+    import mpisphere.torch_harmonics as thd
+    options = dict(in_channels=2, out_channels=2, in_shape=(NLAT, 2 * NLON), out_shape=(NLAT, 2 * NLON),
+                   kernel_shape=(3,))
+    thd.DistributedDiscreteContinuousConvS2(**{**options, **changed}, process_grid=grid)
+
+
+def dropin_groups_on_the_last_rank(comm, grid, me):
+    _dropin_disco(grid, groups=3 if _is_last(comm, me) else 1)
+
+
+def dropin_basis_type_on_the_last_rank(comm, grid, me):
+    _dropin_disco(grid, basis_type="piecewise-linear" if _is_last(comm, me) else "piecewise linear")
+
+
+def dropin_polar_mode_on_the_last_rank(comm, grid, me):
+    _dropin_disco(grid, polar_mode="reduce-scatter" if _is_last(comm, me) else "halo-exchange")
+
+
+def dropin_in_shape_on_the_last_rank(comm, grid, me):
+    _dropin_disco(grid, in_shape=NLAT if _is_last(comm, me) else (NLAT, 2 * NLON))
+
+
+def dropin_spectral_groups_on_rank_0(comm, grid, me):
+    import mpisphere.torch_harmonics as thd
+    thd.DistributedSpectralConvS2((NLAT, 2 * NLON), (NLAT, 2 * NLON), 4, 4, num_groups=3 if me == 0 else 1,
+                                  process_grid=grid)
+
+
+TORCH_CASES = [dropin_groups_on_the_last_rank, dropin_basis_type_on_the_last_rank, dropin_polar_mode_on_the_last_rank,
+               dropin_in_shape_on_the_last_rank, dropin_spectral_groups_on_rank_0]
 
 
 def main():
@@ -835,7 +900,7 @@ def main():
     grid = _grid(world)
     comm = grid.cart
     results = open(f"{args.out}/rank{me}.jsonl", "w")
-    for case in CASES:
+    for case in CASES + TORCH_CASES:
         if args.only and case.__name__ != args.only:
             continue
         print(f"START {case.__name__}", file=sys.stderr, flush=True)

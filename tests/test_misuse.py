@@ -281,7 +281,29 @@ EXPECTED = {
                                              r"mpisphere calls in the "
                                              r"same order on every rank: a call made inside 'if rank == \.\.\.' .*"
                                              r"leaves those ranks a call ahead or behind"),
+    # issue 56: a free refused on the last rank left it deaf to the halo failures of other ranks
+    "refused_free_then_a_halo_mistake_on_rank_0": ("TypeError", r"^HaloExchange.update: rank \d of {size}.*(cannot "
+                                                               r"exchange its halo|failed on rank \d \(the mistake "
+                                                               r"at rank 0\) in an earlier call)"),
+    # issue 56: the drop-in modules' own checks are agreed before anything else (they raised on one rank only)
+    "dropin_groups_on_the_last_rank": ("ValueError", r"^DistributedDiscreteContinuousConvS2.__init__: rank {last} of "
+                                                     r"{size}: DistributedDiscreteContinuousConvS2: in_channels=2 and "
+                                                     r"out_channels=2 must be multiples of groups=3$"),
+    "dropin_basis_type_on_the_last_rank": ("ValueError", r"^DistributedDiscreteContinuousConvS2.__init__: rank {last} "
+                                                         r"of {size}: filter_basis: basis_type must be one of .*got "
+                                                         r"'piecewise-linear'"),
+    "dropin_polar_mode_on_the_last_rank": ("ValueError", r"^DistributedDiscreteContinuousConvS2.__init__: rank {last} "
+                                                         r"of {size}: .*polar_mode='reduce-scatter'"),
+    "dropin_in_shape_on_the_last_rank": ("ValueError", r"^DistributedDiscreteContinuousConvS2.__init__: rank {last} "
+                                                       r"of {size}: in_shape must be \(nlat, nlon\), two positive "
+                                                       r"integers, got 13$"),
+    "dropin_spectral_groups_on_rank_0": ("ValueError", r"^DistributedSpectralConvS2.__init__: rank 0 of {size}: "
+                                                       r"DistributedSpectralConvS2: .*num_groups=3$"),
 }
+
+# the cases that need PyTorch (the torch extra; .ci/torch and .ci/system-mpi install it, and there
+# MPISPHERE_REQUIRE_TORCH=1 makes a missing torch a failure)
+TORCH_CASES = {case for case in EXPECTED if case.startswith("dropin_")}
 
 # the cases that need mpisphere.io (the io extra: Zarr, Python 3.11 and newer)
 IO_CASES = {"checkpoint_fails_on_the_last_rank_before_writing", "checkpoint_keep_on_the_last_rank",
@@ -325,6 +347,8 @@ def _launch(size, debug):
 def test_mistake_on_one_rank_raises_on_every_rank(case, size, debug):
     if case in IO_CASES:
         pytest.importorskip("zarr")  # the io extra (Python 3.11 and newer)
+    if case in TORCH_CASES and os.environ.get("MPISPHERE_REQUIRE_TORCH") != "1":
+        pytest.importorskip("torch")  # the torch extra
     records, output = _launch(size, debug)
     seen = records.get(case, [])
     if len(seen) != size:

@@ -434,3 +434,48 @@ def test_replicate_refuses_a_layer_that_mixes_points_by_its_path(grid, layer, fo
     with raises(ValueError, match=rf"mlp\.3\.0 \({type(layer).__name__}\) cannot run on a tile as it is: .*{found}"):
         thd.replicate(ours, process_grid=grid)
     assert getattr(ours, "mpisphere_replication", None) is None
+
+
+@pytest.mark.parametrize("mistake", ["groups", "basis_type", "polar_mode", "in_shape", "spectral_groups",
+                                     "transform_nlat", "quadrature_shape", "resample_mode"])
+def test_a_construction_mistake_on_the_last_rank_raises_on_every_rank(grid, mistake):
+    """The drop-in modules' own checks run before anything communicates and are agreed: every rank raises the
+    last rank's error, naming it (they raised on that rank alone and left the others waiting)."""
+    last = grid.rank == grid.size - 1
+    disco = dict(in_channels=2, out_channels=2, in_shape=(12, 24), out_shape=(12, 24), kernel_shape=(3,))
+    builds = {
+        "groups": (lambda: thd.DistributedDiscreteContinuousConvS2(**disco, groups=3 if last else 1,
+                                                                   process_grid=grid),
+                   ValueError, "must be multiples of groups=3"),
+        "basis_type": (lambda: thd.DistributedDiscreteContinuousConvS2(
+            **disco, basis_type="piecewise-linear" if last else "piecewise linear", process_grid=grid),
+            ValueError, "piecewise-linear"),
+        "polar_mode": (lambda: thd.DistributedDiscreteContinuousConvS2(
+            **disco, polar_mode="reduce-scatter" if last else "halo-exchange", process_grid=grid),
+            ValueError, "polar_mode='reduce-scatter'"),
+        "in_shape": (lambda: thd.DistributedDiscreteContinuousConvS2(
+            **{**disco, "in_shape": 12 if last else (12, 24)}, process_grid=grid),
+            ValueError, r"in_shape must be \(nlat, nlon\), two positive integers, got 12"),
+        "spectral_groups": (lambda: thd.DistributedSpectralConvS2((12, 24), (12, 24), 4, 4,
+                                                                  num_groups=3 if last else 1, process_grid=grid),
+                            ValueError, "num_groups=3"),
+        "transform_nlat": (lambda: thd.DistributedRealSHT(13 if last else 12, 24, process_grid=grid),
+                           ValueError, "nlat"),
+        "quadrature_shape": (lambda: thd.DistributedQuadratureS2((12,) if last else (12, 24), process_grid=grid),
+                             ValueError, "img_shape"),
+        "resample_mode": (lambda: thd.DistributedResampleS2(12, 24, 12, 24, mode="nearest" if last else "bilinear",
+                                                            process_grid=grid),
+                          ValueError, "nearest"),
+    }
+    build, kind, found = builds[mistake]
+    if grid.size == 1:
+        if mistake in ("transform_nlat", "resample_mode"):
+            build()   # legal on its own
+            return
+        with raises(kind, match=found):
+            build()
+        return
+    with raises(kind, match=rf"rank {grid.size - 1}.*{found}|{found}.*rank {grid.size - 1}"):
+        build()
+    # every rank is still in step: a call on the grid goes through
+    thd.DistributedRealSHT(12, 24, process_grid=grid)(torch.zeros(grid.local_shape(12, 24)))
