@@ -10,6 +10,7 @@ and each ring's longitudes over the azimuth ranks
 
 import numpy
 
+from .agreement.description import digest
 from .partition import offsets_of, split_offsets, split_sizes
 from .rings import RingGeometry, balanced_ring_split
 from .tiling import Tiling
@@ -112,6 +113,13 @@ class RingTiles(Tiling):
 
     def __repr__(self):
         return f"RingTiles({self.rings!r}, grid {self.grid.npolar} x {self.grid.nazimuth})"
+
+    def description(self):
+        """The kind and the rings' points per ring, colatitudes and first longitudes (a digest of their bytes)."""
+        rings = self.rings
+        layout = b"".join(numpy.ascontiguousarray(a, dtype=numpy.float64).tobytes()
+                          for a in (rings.nlon, rings.theta, rings.phi0))
+        return {**super().description(), "rings": int(rings.nrings), "layout": digest(layout.hex())}
 
     def _whole_problem(self, field, root):
         return (f"root {root}'s field has {field.shape[-1]} points in its last axis, {self.rings.name} has "

@@ -53,6 +53,11 @@ class Tiling:
         """Write rank ``rank``'s ``part`` into its points of the whole ``field``."""
         raise NotImplementedError
 
+    def description(self):
+        """What the ranks compare before a whole field moves: the kind, the whole shape, and what else decides which
+        points each rank holds (a subclass adds its own, by value)."""
+        return {"kind": type(self).__name__, "name": self.name, "whole": list(self.whole)}
+
     def _whole_problem(self, field, root):
         """Why root's ``field`` is not a whole field of this tiling (its trailing shape differs)."""
         return f"root {root}'s field ends in {tuple(field.shape[-len(self.whole):])}, {self.name} is {self.whole}"
@@ -82,7 +87,8 @@ class Tiling:
                     raise InputError(f"root {root}'s field: {dtypes.refusal(field.dtype, 'moved')}", TypeError)
                 if tuple(field.shape[-k:]) != tuple(self.whole):
                     raise InputError(self._whole_problem(field, root))
-        call.agree(root=root)
+        # a tiling of other extents or rings on some rank would send or receive parts of other sizes there
+        call.agree(root=root, tiling=self.description(), mismatch="hold different tilings")
         meta = (tuple(field.shape), numpy.dtype(field.dtype).str) if grid.rank == root else None
         shape, dtype = call.share(meta, root=root)
         return scatter_parts(self, call, field, shape, dtype, root)
@@ -106,7 +112,7 @@ class Tiling:
                 raise InputError(dtypes.refusal(part.dtype, "moved"), TypeError)
         # a rank whose part failed its checks has no shape to compare: its finding is what the others meet
         held = None if call.error is not None else (list(part.shape[:-k]), numpy.dtype(part.dtype).name)
-        call.agree(root=root, part=held)
+        call.agree(root=root, part=held, tiling=self.description(), mismatch="hold different tilings")
         return gather_parts(self, call, part, root)
 
 

@@ -812,6 +812,18 @@ def refused_free_then_a_halo_mistake_on_rank_0(comm, grid, me):
         halo.update(good)
 
 
+def tiling_extents_on_the_last_rank(comm, grid, me):
+    """A regular tiling of one more latitude on the last rank: its part would be larger than what root sends."""
+    tiling = grid.tiling(NLAT + (1 if _is_last(comm, me) else 0), NLON)
+    tiling.scatter(numpy.zeros((NLAT, NLON)) if me == 0 else None)
+
+
+def ring_tiles_rings_on_the_last_rank(comm, grid, me):
+    """RingTiles of O5 on the last rank, O4 elsewhere: the gathered parts would not fit root's field."""
+    tiles = RingTiles(grid, RingGeometry.octahedral(5 if _is_last(comm, me) else 4))
+    tiles.gather(numpy.zeros(tiles.npoints))
+
+
 CASES = [chunk_width, batch_gather_from, batch_reduce_from, batch_transpose, batch_halo, batch_sht,
          dtype_gather_from, dtype_copy_to_adjoint, out_shape, out_dtype, out_read_only, other_operator,
          disco_tile_on_the_last_rank, disco_weight_on_the_last_rank, spectral_convolution_whole_field_on_the_last_rank,
@@ -847,7 +859,7 @@ CASES = [chunk_width, batch_gather_from, batch_reduce_from, batch_transpose, bat
          # issue 48
          halo_replay_next_to_a_dtype_on_the_last_rank, halo_replay_refused_in_a_thread_on_rank_0,
          # issue 56
-         refused_free_then_a_halo_mistake_on_rank_0]
+         refused_free_then_a_halo_mistake_on_rank_0, tiling_extents_on_the_last_rank, ring_tiles_rings_on_the_last_rank]
 
 
 # --- issue 56: the drop-in modules' construction (needs torch: test_misuse.py skips these rows without it) ------

@@ -285,6 +285,17 @@ EXPECTED = {
     "refused_free_then_a_halo_mistake_on_rank_0": ("TypeError", r"^HaloExchange.update: rank \d of {size}.*(cannot "
                                                                r"exchange its halo|failed on rank \d \(the mistake "
                                                                r"at rank 0\) in an earlier call)"),
+    # issue 56: tilings that differ between ranks, refused by name before any data moves (a larger part returned
+    # uninitialised memory, a smaller one a raw MPI error on one rank)
+    "tiling_extents_on_the_last_rank": ("ValueError", r"^RegularTiling.scatter: the {size} ranks hold different "
+                                                      r"tilings: tiling.name: {first} \"the 13 x 10 field\", rank "
+                                                      r"{last} \"the 14 x 10 field\"; tiling.whole: {first} "
+                                                      r"\[13,10\], rank {last} \[14,10\]\n  fix: pass the same "
+                                                      r"tiling.name, tiling.whole on every rank"),
+    "ring_tiles_rings_on_the_last_rank": ("ValueError", r"^RingTiles.gather: the {size} ranks hold different tilings: "
+                                                        r"tiling.layout: .*tiling.name: {first} \"O4\", rank {last} "
+                                                        r"\"O5\"; tiling.rings: {first} 8, rank {last} 10; "
+                                                        r"tiling.whole: {first} \[208\], rank {last} \[280\]"),
     # issue 56: the drop-in modules' own checks are agreed before anything else (they raised on one rank only)
     "dropin_groups_on_the_last_rank": ("ValueError", r"^DistributedDiscreteContinuousConvS2.__init__: rank {last} of "
                                                      r"{size}: DistributedDiscreteContinuousConvS2: in_channels=2 and "
