@@ -41,6 +41,37 @@ PROGRAMS = {
         if grid.rank != grid.size - 1:
             halo.forward(numpy.ones(grid.local_shape(12, 4)))
         """,
+    # a planned halo call (replayed at the third call) whose last rank has ended its program with the grid in use
+    "replay_neighbour_ended": """
+        grid = ProcessGrid(MPI.COMM_WORLD, MPI.COMM_WORLD.size, 1)
+        halo = HaloExchange(grid, 1, 1, extents=(12, 4))
+        padded = numpy.zeros((grid.local_shape(12, 4)[0] + 2, 6))
+        halo.update(padded)
+        halo.update(padded)
+        if grid.rank == grid.size - 1:
+            sys.exit(0)
+        halo.update(padded)
+        """,
+    # the last rank frees the grid while the others replay a planned halo call
+    "free_while_the_others_replay": """
+        grid = ProcessGrid(MPI.COMM_WORLD, MPI.COMM_WORLD.size, 1)
+        halo = HaloExchange(grid, 1, 1, extents=(12, 4))
+        padded = numpy.zeros((grid.local_shape(12, 4)[0] + 2, 6))
+        halo.update(padded)
+        halo.update(padded)
+        if grid.rank == grid.size - 1:
+            grid.free()
+        halo.update(padded)
+        """,
+    # a drop-in layer (a torch module) called on some ranks only: the waiting line is the user's, not torch's
+    "dropin_called_on_some_ranks": """
+        import torch
+        import mpisphere.torch_harmonics as thd
+        grid = ProcessGrid(MPI.COMM_WORLD, 1, MPI.COMM_WORLD.size)
+        conv = thd.DistributedDiscreteContinuousConvS2(1, 1, (8, 16), (8, 16), (3,), process_grid=grid)
+        if grid.rank != grid.size - 1:
+            conv(torch.zeros(1, 1, *grid.local_shape(8, 16)))
+        """,
     # two stalls in a row on one grid, the late rank changing: the last rank, then rank 0
     "late_rank_changes": """
         grid = ProcessGrid(MPI.COMM_WORLD)
@@ -146,3 +177,32 @@ def test_a_second_report_is_about_the_second_wait_only(ranks):
         assert f"waiting in it too: {'ranks 0-2' if ranks == 4 else 'ranks 0, 1'}" in reports[0], output
         assert f"waiting in it too: {waiting}" in reports[1], output
         assert not any("waits in another call" in report for report in reports), output
+
+
+def test_a_replayed_halo_call_names_its_line_and_a_neighbour_that_ended_its_program():
+    code, output = launch("replay_neighbour_ended", ranks=3)
+    assert code != 0, output
+    site = 9 + len(HEADER.splitlines())
+    assert f"rank 1 of 3 has waited" in output and f"in HaloExchange.update for its neighbours, called at " \
+        f"<string>:{site}" in output, output
+    assert "ended its program (exited with the grid in use, without this call): rank 2" in output, output
+
+
+def test_a_halo_call_names_the_call_a_neighbour_waits_in():
+    """The last rank frees the grid while its neighbour replays a halo call: the neighbour's report says where the
+    last rank waits (its free's agreement), and both name their lines."""
+    code, output = launch("free_while_the_others_replay", ranks=2, report="0.5", deadline="6")
+    assert code != 0, output
+    base = len(HEADER.splitlines())
+    assert f"rank 0 of 2 has waited" in output and f"in HaloExchange.update for its neighbours, called at " \
+        f"<string>:{9 + base}" in output, output
+    assert f"rank 1 waits in another call: ProcessGrid.free, called at <string>:{8 + base}" in output, output
+
+
+def test_a_drop_in_layer_waiting_names_the_users_line_not_torchs():
+    if os.environ.get("MPISPHERE_REQUIRE_TORCH") != "1":
+        pytest.importorskip("torch")
+    code, output = launch("dropin_called_on_some_ranks", ranks=2)
+    assert code != 0, output
+    assert f"called at <string>:{7 + len(HEADER.splitlines())}." in output, output
+    assert "torch/" not in output.split("has waited")[1].split("\n")[0], output

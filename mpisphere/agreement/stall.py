@@ -47,17 +47,33 @@ def _name(comm):
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # mpisphere/
 EXIT_NOTICE_RANKS = 1024  # the largest grid whose ranks tell every other rank when they exit (size - 1 notes each)
+# the libraries whose frames lie between a user's call and mpisphere's wait (a drop-in layer's forward runs inside
+# torch.nn.Module.__call__, its backward inside torch.autograd): not the user's line
+_LIBRARIES = ("torch", "torch_harmonics")
+
+
+def _library_folders():
+    """The folders of mpisphere and of the :data:`_LIBRARIES` this process has imported."""
+    folders = [_PACKAGE]
+    for name in _LIBRARIES:
+        module = sys.modules.get(name)
+        where = getattr(module, "__file__", None)
+        if where:
+            folders.append(os.path.dirname(os.path.abspath(where)))
+    return tuple(folder + os.sep for folder in folders)
 
 
 def call_site():
-    """``"file:line"`` of the innermost frame outside mpisphere: the user's call that waits (None if none)."""
+    """``"file:line"`` of the innermost frame outside mpisphere and the libraries it runs inside (PyTorch): the
+    user's call that waits (None if none)."""
     frame = sys._getframe(1)
+    libraries = _library_folders()
     while frame is not None:
         name = frame.f_code.co_filename
         path = os.path.abspath(name)
-        if name.startswith("<"):  # python -c, an interactive session
+        if name.startswith("<") and not name.startswith("<frozen"):  # python -c, an interactive session
             return f"{name}:{frame.f_lineno}"
-        if not path.startswith(_PACKAGE + os.sep):
+        if not name.startswith("<") and not path.startswith(libraries):
             try:
                 shown = os.path.relpath(path)
             except ValueError:  # another drive
@@ -217,11 +233,12 @@ class Watch:
     millisecond (until then :meth:`idle` only yields the core).
     """
 
-    __slots__ = ("comm", "who", "loop", "started")
+    __slots__ = ("comm", "who", "loop", "started", "ended")
 
     def __init__(self, comm, who):
         self.comm, self.who = comm, who
         self.loop = self.started = None
+        self.ended = set()  # the ranks whose notes said they ended their program, kept from report to report
 
     def idle(self, pending, arrived):
         """One poll found nothing: ``pending`` ranks are awaited, ``arrived`` have sent theirs."""
@@ -232,12 +249,29 @@ class Watch:
                 os.sched_yield()
                 return
             self.loop = WaitLoop(config.stall_report, config.stall_deadline, spin=_SPIN, nap=_NAP)
-        rank, size = self.comm.Get_rank(), self.comm.Get_size()
+        self.loop.idle(lambda waited, final: _write(self.report(waited, final, pending, arrived)),
+                       lambda: collectives.abort(self.comm, 1))
 
-        def write(waited, final):
-            _write(f"mpisphere: rank {rank} of {size} has waited {waited:.0f} s in {self.who} for its neighbours"
-                   + (" and aborts the job now (MPISPHERE_STALL_DEADLINE)" if final else "") + ".\n"
-                   f"  not arrived: the messages of {ranks_text(pending)}\n  arrived: {ranks_text(arrived)}\n"
-                   + _CAUSES)
-
-        self.loop.idle(write, lambda: collectives.abort(self.comm, 1))
+    def report(self, waited, final, pending, arrived):
+        """The report of a wait for ``pending`` neighbours: where this rank waits (the user's line), what the ranks it
+        has heard of do (the notes of ranks waiting in an agreement, and of ranks that ended their program)."""
+        rank, size, comm = self.comm.Get_rank(), self.comm.Get_size(), self.comm
+        others = {}
+        start = time.monotonic()
+        while True:  # the waiting ranks' notes come when their own report is due: a moment to let them arrive
+            _notes(comm, others, self.ended)
+            _space_notes(comm, self.ended)
+            if pending <= self.ended | set(others) or time.monotonic() - start >= _GATHER:
+                break
+            time.sleep(0.01)
+        site = call_site()
+        lines = [f"mpisphere: rank {rank} of {size} has waited {waited:.0f} s in {self.who} for its neighbours"
+                 + (f", called at {site}" if site else "")
+                 + (" and aborts the job now (MPISPHERE_STALL_DEADLINE)" if final else "") + ".",
+                 f"  not arrived: the messages of {ranks_text(pending)}", f"  arrived: {ranks_text(arrived)}"]
+        lines += [f"  rank {r} waits in another call: {w}" + (f", called at {at}" if at else "")
+                  for r, (w, at) in sorted(others.items()) if r in pending]
+        gone = sorted(self.ended & set(pending))
+        if gone:
+            lines.append(f"  ended its program (exited with the grid in use, without this call): {ranks_text(gone)}")
+        return "\n".join(lines + [_CAUSES])
