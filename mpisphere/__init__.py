@@ -67,6 +67,7 @@ _PUBLIC = {
     "agree_construction": "agreement",
     "DiscoConvS2": "disco",
     "DiscoConvTransposeS2": "disco",
+    "widest_theta_cutoff": "disco",
     "QuadratureS2": "integral",
     "SpectralConvS2": "spectral_convolution",
     "ResampleS2": "resample",

@@ -10,6 +10,7 @@ other way round (see :class:`ProcessGrid`).
 """
 
 import contextlib
+import math
 import os
 import sys
 import warnings
@@ -87,6 +88,29 @@ def check_tile(grid, spec, whole, dtype, channels=None, what=None):
     raise InputError(f"{prefix}{cause}\n  fix: pass ({lead}*grid.local_shape{tuple(whole)}) per rank (grid.scatter "
                      f"gives each rank its tile)\n  rank {grid.rank}: expected (..., {', '.join(map(str, core))}), "
                      f"got {shape}")
+
+
+def check_finite(grid, x, whole, what):
+    """This rank's finding for a tile ``x`` (``(..., h, w)`` of ``whole``) that holds an inf or a NaN, naming its
+    first such point in the whole field's indices.
+
+    One pass over ``x``: its sum is finite when every value is (an inf or a
+    NaN makes any sum inf or NaN); the exact search runs only when the sum is
+    not, which finite values that overflow it also cause.
+    """
+    xp = backend.array_module(x)
+    if math.isfinite(float(xp.sum(x))) or bool(xp.isfinite(x).all()):
+        return
+    index = tuple(int(i) for i in numpy.unravel_index(int(xp.argmin(xp.isfinite(x))), x.shape))
+    value = float(x[index])
+    lat, lon = grid.local_slices(*whole)
+    lead = index[:-2]
+    raise InputError(
+        f"{what}: a non-finite value ({value}) at {'index ' + str(lead) + ', ' if lead else ''}latitude "
+        f"{lat.start + index[-2]}, longitude {lon.start + index[-1]} of the {whole[0]} x {whole[1]} grid (its "
+        f"tile's row {index[-2]}, column {index[-1]}): the FFT along longitudes would spread it over its whole "
+        "latitude ring and beyond the filter's reach\n  fix: fill the missing values (e.g. with 0) and pass where "
+        "they are as another channel (a mask)")
 
 
 def _resolve_dims(size, npolar, nazimuth):

@@ -824,6 +824,16 @@ def ring_tiles_rings_on_the_last_rank(comm, grid, me):
     tiles.gather(numpy.zeros(tiles.npoints))
 
 
+def disco_nan_on_the_last_rank(comm, grid, me):
+    """One missing value (NaN) in the last rank's tile of a DISCO convolution's input."""
+    from mpisphere import DiscoConvS2
+    op = DiscoConvS2(grid, (NLAT, 2 * NLON), (NLAT, 2 * NLON), (3,), numpy.ones((2, 2, 2)))
+    x = numpy.zeros((1, 2) + grid.local_shape(NLAT, 2 * NLON))
+    if _is_last(comm, me):
+        x[0, 1, 0, 0] = numpy.nan
+    op.forward(x)
+
+
 CASES = [chunk_width, batch_gather_from, batch_reduce_from, batch_transpose, batch_halo, batch_sht,
          dtype_gather_from, dtype_copy_to_adjoint, out_shape, out_dtype, out_read_only, other_operator,
          disco_tile_on_the_last_rank, disco_weight_on_the_last_rank, spectral_convolution_whole_field_on_the_last_rank,
@@ -859,7 +869,8 @@ CASES = [chunk_width, batch_gather_from, batch_reduce_from, batch_transpose, bat
          # issue 48
          halo_replay_next_to_a_dtype_on_the_last_rank, halo_replay_refused_in_a_thread_on_rank_0,
          # issue 56
-         refused_free_then_a_halo_mistake_on_rank_0, tiling_extents_on_the_last_rank, ring_tiles_rings_on_the_last_rank]
+         refused_free_then_a_halo_mistake_on_rank_0, tiling_extents_on_the_last_rank, ring_tiles_rings_on_the_last_rank,
+         disco_nan_on_the_last_rank]
 
 
 # --- issue 56: the drop-in modules' construction (needs torch: test_misuse.py skips these rows without it) ------

@@ -13,7 +13,7 @@ import re
 import numpy
 import pytest
 
-from mpisphere import config, dottest
+from mpisphere import config, dottest, widest_theta_cutoff
 from mpisphere.disco import (DiscoConvS2, DiscoConvTransposeS2, convolution_tensor, default_theta_cutoff,
                              filter_basis)
 from mpisphere.disco.psi import _rotated, effective_cutoff
@@ -176,11 +176,13 @@ def test_a_cutoff_too_wide_for_the_halo_names_the_widest_it_serves(grid):
     weight = numpy.ones((1, 1, 2))
     if grid.npolar == 1:  # one polar rank holds every latitude: any cutoff is served, with no halo
         assert DiscoConvS2(grid, (25, 24), (25, 24), (3,), weight, theta_cutoff=2.5).halo_rows == 0
+        assert widest_theta_cutoff(grid, (25, 24), (25, 24)) == math.pi
         return
     with raises(ValueError, match=r"reaches past the neighbouring polar rank .* the widest cutoff this split serves "
                                   r"is (\d\.\d+)") as caught:
         DiscoConvS2(grid, (25, 24), (25, 24), (3,), weight, theta_cutoff=2.5)
     widest = float(re.search(r"serves is (\d\.\d+)", str(caught.value)).group(1))
+    assert widest_theta_cutoff(grid, (25, 24), (25, 24)) == widest   # found without triggering the error
     DiscoConvS2(grid, (25, 24), (25, 24), (3,), weight, theta_cutoff=widest)  # the cutoff named is served
     with raises(ValueError, match="reaches past"):
         DiscoConvS2(grid, (25, 24), (25, 24), (3,), weight, theta_cutoff=widest * 1.001 + 1e-6)
@@ -235,3 +237,30 @@ def test_fewer_fields_than_azimuth_ranks(grid, transposed, rng):
         psi_max = numpy.abs(reference_values(op)).max()
         assert numpy.abs(x_bar - adjoint).max() <= 1e-13 * weight.shape[2] * numpy.abs(weight).max() * psi_max \
             * numpy.abs(y_bar).sum()
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("value", [numpy.nan, numpy.inf, -numpy.inf])
+def test_a_non_finite_input_point_is_refused_on_every_rank_naming_it(grid, rng, transposed, value):
+    """One missing value (NaN over land) would spread over its whole latitude ring through the FFT; it is refused on
+    every rank, naming the point in the whole grid's indices, in the forward, the adjoint and the gradients."""
+    op, _ = build(grid, PAIRS[2] if transposed else PAIRS[0], BASES[0], rng)
+    x = grid.scatter(rng.standard_normal((1, op.in_channels) + op.in_shape))
+    y = op.forward(x)
+    last = grid.rank == grid.size - 1
+    bad = x.copy()
+    lat, lon = grid.tiling(*op.in_shape).slices(grid.size - 1)   # the last rank's tile
+    if last:
+        bad[0, 1, -1, -1] = value
+    where = rf"latitude {lat.stop - 1}, longitude {lon.stop - 1} of the {op.in_shape[0]} x {op.in_shape[1]} grid"
+    found = rf"rank {grid.size - 1} of {grid.size}: input: a non-finite value \({value}\) at index \(0, 1\), {where}"
+    with raises(ValueError, match=found + ".*\n  fix: fill the missing values"):
+        op.forward(bad)
+    with raises(ValueError, match=rf"rank {grid.size - 1} of {grid.size}: x: a non-finite value"):
+        op.gradients(bad, y)
+    y_bad = y.copy()
+    if last:
+        y_bad[0, 0, 0, 0] = value
+    with raises(ValueError, match=rf"rank {grid.size - 1} of {grid.size}: the adjoint's input: a non-finite value"):
+        op.adjoint(y_bad)
+    numpy.testing.assert_array_equal(op.forward(x), y)   # every rank in step, the operator unchanged

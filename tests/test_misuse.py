@@ -296,6 +296,10 @@ EXPECTED = {
                                                         r"tiling.layout: .*tiling.name: {first} \"O4\", rank {last} "
                                                         r"\"O5\"; tiling.rings: {first} 8, rank {last} 10; "
                                                         r"tiling.whole: {first} \[208\], rank {last} \[280\]"),
+    # issue 56: a missing value in a DISCO convolution's input (the FFT spread it over its ring), named
+    "disco_nan_on_the_last_rank": ("ValueError", r"^DiscoConvS2.forward: rank {last} of {size}: input: a non-finite "
+                                                 r"value \(nan\) at index \(0, 1\), latitude \d+, longitude \d+ "
+                                                 r"of the 13 x 20 grid .*\n  fix: fill the missing values"),
     # issue 56: the drop-in modules' own checks are agreed before anything else (they raised on one rank only)
     "dropin_groups_on_the_last_rank": ("ValueError", r"^DistributedDiscreteContinuousConvS2.__init__: rank {last} of "
                                                      r"{size}: DistributedDiscreteContinuousConvS2: in_channels=2 and "

@@ -183,7 +183,7 @@ def test_a_replayed_halo_call_names_its_line_and_a_neighbour_that_ended_its_prog
     code, output = launch("replay_neighbour_ended", ranks=3)
     assert code != 0, output
     site = 9 + len(HEADER.splitlines())
-    assert f"rank 1 of 3 has waited" in output and f"in HaloExchange.update for its neighbours, called at " \
+    assert "rank 1 of 3 has waited" in output and f"in HaloExchange.update for its neighbours, called at " \
         f"<string>:{site}" in output, output
     assert "ended its program (exited with the grid in use, without this call): rank 2" in output, output
 
@@ -194,7 +194,7 @@ def test_a_halo_call_names_the_call_a_neighbour_waits_in():
     code, output = launch("free_while_the_others_replay", ranks=2, report="0.5", deadline="6")
     assert code != 0, output
     base = len(HEADER.splitlines())
-    assert f"rank 0 of 2 has waited" in output and f"in HaloExchange.update for its neighbours, called at " \
+    assert "rank 0 of 2 has waited" in output and f"in HaloExchange.update for its neighbours, called at " \
         f"<string>:{9 + base}" in output, output
     assert f"rank 1 waits in another call: ProcessGrid.free, called at <string>:{8 + base}" in output, output
 

@@ -33,7 +33,7 @@ from .. import backend, collectives, dtypes
 from ..agreement import Call, Context, InputError, Spec, agree_construction, collective
 from ..agreement.description import describe_parameter
 from ..geometry import polar_halo_radius
-from ..grid import check_tile
+from ..grid import check_finite, check_tile
 from ..halo import HaloExchange
 from ..operators import ADJOINT, DISTRIBUTED, FORWARD, Layout, LinearOperator
 from ..partition import split_sizes
@@ -83,8 +83,42 @@ def _pair(value, what, who):
         raise ValueError(f"{who}: {what} must be a pair (nlat, nlon) of positive integers, got {value!r}") from None
 
 
+def widest_theta_cutoff(grid, in_shape, out_shape, quadrature_in="equiangular", quadrature_out="equiangular"):
+    """The widest ``theta_cutoff`` (radians) a DISCO convolution from ``in_shape`` to ``out_shape`` serves on ``grid``.
+
+    The rows within the cutoff come through the polar halo from the
+    neighbouring polar ranks only; this is the widest cutoff whose rows they
+    hold (``pi``, the whole sphere, on one polar rank), rounded down to six
+    decimals, so the value returned is served. Local: every rank computes
+    the same from the split. The transposed convolution reads the same rows:
+    pass its ``in_shape`` and ``out_shape`` as given to it.
+
+    Parameters
+    ----------
+    grid : ProcessGrid
+    in_shape, out_shape : (int, int)
+        ``(nlat, nlon)`` of the input and output grids.
+    quadrature_in, quadrature_out : str
+        Their latitude rules (torch-harmonics' ``grid_in``, ``grid_out``).
+
+    Returns
+    -------
+    float
+    """
+    who = "widest_theta_cutoff"
+    (nlat_in, _), (nlat_out, _) = _pair(in_shape, "in_shape", who), _pair(out_shape, "out_shape", who)
+    theta_in, _ = latitudes(nlat_in, quadrature_in)
+    theta_out, _ = latitudes(nlat_out, quadrature_out)
+    return _widest_cutoff(grid, theta_in, theta_out, math.pi)
+
+
 def _widest_cutoff(grid, theta_in, theta_out, cutoff):
-    """The widest cutoff (radians) whose halo reaches no further than the neighbouring polar ranks."""
+    """The widest cutoff (radians) up to ``cutoff`` whose halo reaches no further than the neighbouring polar ranks."""
+    try:
+        polar_halo_radius(grid, theta_in, theta_out, effective_cutoff(cutoff))
+        return cutoff  # served whole (one polar rank: every latitude is this rank's)
+    except ValueError:
+        pass
     lo, hi = 0.0, cutoff
     for _ in range(60):
         mid = 0.5 * (lo + hi)
@@ -142,7 +176,8 @@ class _DiscoBase(LinearOperator):
             raise ValueError(
                 f"{who}: theta_cutoff={self.theta_cutoff:.6g} reaches past the neighbouring polar rank (input "
                 f"latitudes split as {grid.lat_sizes(nlat_in)}); the widest cutoff this split serves is "
-                f"{widest:.6f}\n  fix: a smaller theta_cutoff, fewer polar ranks or more latitudes") from None
+                f"{widest:.6f} (mpisphere.disco.widest_theta_cutoff computes it)\n  fix: a smaller theta_cutoff, "
+                "fewer polar ranks or more latitudes") from None
         self.domain = self.range = Layout(DISTRIBUTED, grid.cart)
         self._comm = grid.cart
         self.halo = HaloExchange(grid, self.halo_rows, extents=self.in_shape) if self.halo_rows else None
@@ -226,6 +261,10 @@ class _DiscoBase(LinearOperator):
         also = f", {self.agree_also}" if self.agree_also else ""
         return spec.but(shape=spec.shape[:-3] + side_out), \
             f"input={spec.describe((-2, -1))}, weight={self._weight_text}{also}"
+
+    def _check_values(self, direction, x):
+        check_finite(self.grid, x, self.out_shape if direction == ADJOINT else self.in_shape,
+                     "input" if direction == FORWARD else "the adjoint's input")
 
     # --- the call --------------------------------------------------------------------------------
 
@@ -450,6 +489,8 @@ class _DiscoBase(LinearOperator):
             lead = spec_x.shape[:-3]
             if tuple(spec_y.shape[:-3]) != tuple(lead):
                 raise InputError(f"x and y_bar have different leading axes: {lead} and {spec_y.shape[:-3]}")
+            check_finite(self.grid, x, self.in_shape, "x")
+            check_finite(self.grid, y_bar, self.out_shape, "y_bar")
         call.agree(f"{self._describe()} gradients: input_gradient={bool(input_gradient)}, "
                    f"bias_gradient={bool(bias_gradient)}, "
                    f"x={spec_x.describe((-2, -1)) if lead is not None else None}, weight={self._weight_text}")

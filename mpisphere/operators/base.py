@@ -205,6 +205,7 @@ class LinearOperator(Described):
         try:
             spec = Spec.of(x)
             result, description = (self._output_in_place if in_place else self._output)(direction, spec)
+            self._check_values(direction, x)
             if in_place:
                 if not backend.is_writeable(x):
                     raise InputError(f"the array is read-only; {label} writes into it")
@@ -251,6 +252,10 @@ class LinearOperator(Described):
         finally:
             if guard.leave() and completed:
                 raise_noted_failure(comm, who)  # a halo call that failed elsewhere (agreement.failures)
+
+    def _check_values(self, direction, x):
+        """This rank's check of the input's values (its shape and dtype passed ``_output``): an :class:`InputError`
+        for values the operator cannot use, which every rank then raises. Default: none."""
 
     def _replay(self, direction, x):
         """A call on ``x`` planned in an earlier one (an in-place call that needs no check), or ``None``."""
