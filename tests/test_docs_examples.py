@@ -1,7 +1,8 @@
 """Every Python example of the documentation runs: the guide's pages, the getting-started page and the README.
 
-The ```` ```python ```` blocks of a page run in order, in one namespace, as
-one session, under ``mpiexec`` at the number of ranks the page asks for: a
+Each ```` ```python ```` block of a page runs standalone, in a namespace
+of its own (a reader copies one block, not the page), in page order, under
+``mpiexec`` at the number of ranks the block asks for: a
 block whose first line is ``# mpiexec -n N`` runs in the ``N``-rank launch
 (with the page's other ``N``-rank blocks), every other block in the one-rank
 launch. A block whose first lines say ``# needs: torch`` (or another
@@ -80,7 +81,6 @@ def test_the_examples_of_a_page_run(session, tmp_path, comm):
     page, blocks = session
     shared = comm.bcast(str(tmp_path), root=0)
     here = os.getcwd()
-    namespace = {"__name__": "__docs_example__"}
     shown_only = []
     os.chdir(shared)
     try:
@@ -91,12 +91,15 @@ def test_the_examples_of_a_page_run(session, tmp_path, comm):
                     pytest.fail(f"{page}:{line} needs torch, which is not installed (MPISPHERE_REQUIRE_TORCH=1)")
                 shown_only.append(f"line {line} ({', '.join(missing)})")
                 continue
-            # compiled under the page's own path and line numbers, so a failure points into the page
-            exec(compile("\n" * (line - 1) + code, str(ROOT / page), "exec"), namespace)
+            namespace = {"__name__": "__docs_example__"}  # standalone: nothing from the page's other blocks
+            try:
+                # compiled under the page's own path and line numbers, so a failure points into the page
+                exec(compile("\n" * (line - 1) + code, str(ROOT / page), "exec"), namespace)
+            finally:
+                for value in list(namespace.values()):  # the block's grids, if it kept them
+                    if type(value).__name__ == "ProcessGrid" and not value.freed:
+                        value.free()
     finally:
         os.chdir(here)
-        for value in list(namespace.values()):  # the page's grids, which its examples keep for later blocks
-            if type(value).__name__ == "ProcessGrid" and not value.freed:
-                value.free()
     if shown_only:
         pytest.skip(f"{page}: the other blocks ran; not installed here for {'; '.join(shown_only)}")
