@@ -313,10 +313,11 @@ def test_points_of_a_reduced_grid_round_trip_onto_every_grid_and_open_in_xarray(
     path = os.path.join(shared, "points.zarr")
     tiles = RingTiles(grid, rings)
     store = FieldStore(path, grid, mode="w")
+    hours = {"units": "hours since 2026-12-07", "long_name": "model time"}
     store.write_points("h", numpy.ascontiguousarray(whole[:, tiles.point_indices()]), tiles, dims=("time",),
-                       attrs={"units": "m"})
+                       coords={"time": ([0.0, 6.0], hours)}, attrs={"units": "m"})
     store.write_points("h", numpy.ascontiguousarray(whole[:1, tiles.point_indices()]), tiles, dims=("time",),
-                       append=True)
+                       coords={"time": ([12.0], hours)}, append=True)
     expected = numpy.concatenate([whole, whole[:1]])
     for sub in sub_grids(grid.cart):  # read back on every grid of the launch's first k ranks
         if sub is not None and sub.nazimuth <= rings.nlon.min():  # every ring is split over the azimuth ranks
@@ -329,6 +330,8 @@ def test_points_of_a_reduced_grid_round_trip_onto_every_grid_and_open_in_xarray(
     if grid.rank == 0:
         ds = xarray.open_zarr(path)
         assert ds["h"].dims == ("time", "point") and ds["h"].shape == (3, rings.npoints)
+        # the time coordinate, extended by the append (xarray decodes CF time units into dates)
+        assert [str(t)[:13] for t in ds["h"].time.values] == ["2026-12-07T00", "2026-12-07T06", "2026-12-07T12"]
         numpy.testing.assert_array_equal(ds["h"].values, expected)
         numpy.testing.assert_allclose(ds["h"].lat.values, 90 - numpy.degrees(rings.colatitudes))
         numpy.testing.assert_allclose(ds["h"].lon.values, numpy.degrees(rings.longitudes))
