@@ -100,8 +100,11 @@ def process_grid(grid=None):
     """``grid``, or :func:`init`'s; a clear error when there is neither."""
     found = grid if grid is not None else _DEFAULT_GRID.get()
     if found is None:
-        raise RuntimeError("mpisphere.torch_harmonics: no process grid; call mpisphere.torch_harmonics.init(grid) "
-                           "with a mpisphere.ProcessGrid first, or pass process_grid=")
+        raise RuntimeError("mpisphere.torch_harmonics: no process grid on this rank; call "
+                           "mpisphere.torch_harmonics.init(grid) with a mpisphere.ProcessGrid first, or pass "
+                           "process_grid=. Call init on every rank: this rank cannot tell the others, which wait in "
+                           "the module's construction (their stall report names where; 'python -m mpi4py' ends the "
+                           "job with this error)")
     return found
 
 
