@@ -14,6 +14,18 @@ import pytest
 
 from mpisphere.testing import mpiexec_command
 
+# a planned halo call on a column of ranks, replayed at its third call, where the last rank makes a mistake instead
+PLANNED = """
+        grid = ProcessGrid(MPI.COMM_WORLD, MPI.COMM_WORLD.size, 1)
+        halo = HaloExchange(grid, 1, 1, extents=(12, 4))
+        padded = numpy.zeros((grid.local_shape(12, 4)[0] + 2, 6))
+        halo.update(padded)
+        halo.update(padded)
+        if grid.rank == grid.size - 1:
+            {mistake}
+        halo.update(padded)
+        """
+
 PROGRAMS = {
     # an operator built and called on some ranks only
     "called_on_some_ranks": """
@@ -42,27 +54,9 @@ PROGRAMS = {
             halo.forward(numpy.ones(grid.local_shape(12, 4)))
         """,
     # a planned halo call (replayed at the third call) whose last rank has ended its program with the grid in use
-    "replay_neighbour_ended": """
-        grid = ProcessGrid(MPI.COMM_WORLD, MPI.COMM_WORLD.size, 1)
-        halo = HaloExchange(grid, 1, 1, extents=(12, 4))
-        padded = numpy.zeros((grid.local_shape(12, 4)[0] + 2, 6))
-        halo.update(padded)
-        halo.update(padded)
-        if grid.rank == grid.size - 1:
-            sys.exit(0)
-        halo.update(padded)
-        """,
+    "replay_neighbour_ended": PLANNED.format(mistake="sys.exit(0)"),
     # the last rank frees the grid while the others replay a planned halo call
-    "free_while_the_others_replay": """
-        grid = ProcessGrid(MPI.COMM_WORLD, MPI.COMM_WORLD.size, 1)
-        halo = HaloExchange(grid, 1, 1, extents=(12, 4))
-        padded = numpy.zeros((grid.local_shape(12, 4)[0] + 2, 6))
-        halo.update(padded)
-        halo.update(padded)
-        if grid.rank == grid.size - 1:
-            grid.free()
-        halo.update(padded)
-        """,
+    "free_while_the_others_replay": PLANNED.format(mistake="grid.free()"),
     # a drop-in layer (a torch module) called on some ranks only: the waiting line is the user's, not torch's
     "dropin_called_on_some_ranks": """
         import torch

@@ -265,6 +265,21 @@ class Network(torch.nn.Module):
         return torch.einsum("oc,bcxy->boxy", w, h) + x[:, :1]
 
 
+def train_side_by_side(optimisers, serial_loss, our_loss, steps):
+    """``steps`` steps of the serial and the distributed model, each its own optimiser: ``[(loss, our loss)]``."""
+    losses = []
+    for _ in range(steps):
+        for opt in optimisers:
+            opt.zero_grad()
+        a, b = serial_loss(), our_loss()
+        a.backward()
+        b.backward()
+        losses.append((float(a), float(b)))
+        for opt in optimisers:
+            opt.step()
+    return losses
+
+
 def test_training_matches_the_serial_run(grid):
     torch.manual_seed(4)
     shape = (16, 32)
@@ -286,19 +301,9 @@ def test_training_matches_the_serial_run(grid):
     def serial_loss():
         return ((serial(x) - target) ** 2 * row_weights(*shape)).sum()
 
-    losses = []
     optimisers = [torch.optim.SGD(serial.parameters(), lr=0.05), torch.optim.SGD(ours.parameters(), lr=0.05)]
     x_tile, target_tile = tile_of(grid, x), tile_of(grid, target)
-    for _ in range(5):
-        for opt in optimisers:
-            opt.zero_grad()
-        a = serial_loss()
-        a.backward()
-        b = quad((ours(x_tile) - target_tile) ** 2).sum()
-        b.backward()
-        losses.append((float(a), float(b)))
-        for opt in optimisers:
-            opt.step()
+    losses = train_side_by_side(optimisers, serial_loss, lambda: quad((ours(x_tile) - target_tile) ** 2).sum(), 5)
     for a, b in losses:
         assert abs(a - b) <= 1e-10 * abs(a)
     assert losses[-1][0] < losses[0][0]
@@ -350,19 +355,10 @@ def test_a_ported_model_with_plain_layers_trains_as_the_serial_one_once_replicat
     x_tile, target_tile = tile_of(grid, x), tile_of(grid, target)
     optimisers = [torch.optim.Adam(serial.parameters(), lr=1e-2, eps=1e-6),
                   torch.optim.Adam(ours.parameters(), lr=1e-2, eps=1e-6)]
-    losses = []
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always", thd.ReplicationWarning)
-        for _ in range(20):
-            for opt in optimisers:
-                opt.zero_grad()
-            a = ((serial(x) - target) ** 2 * weights).sum()
-            a.backward()
-            b = quad((ours(x_tile) - target_tile) ** 2).sum()
-            b.backward()
-            losses.append((float(a), float(b)))
-            for opt in optimisers:
-                opt.step()
+        losses = train_side_by_side(optimisers, lambda: ((serial(x) - target) ** 2 * weights).sum(),
+                                    lambda: quad((ours(x_tile) - target_tile) ** 2).sum(), 20)
     warned = [w for w in said if issubclass(w.category, thd.ReplicationWarning)]
     mine = {name: p.detach().clone() for name, p in ours.named_parameters()}
     everyone = grid.cart.allgather({name: p.numpy() for name, p in mine.items()})
