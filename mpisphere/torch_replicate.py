@@ -65,7 +65,7 @@ def _mixes_points(module):
     """Why ``module`` cannot run on a tile as it is (its output at a point reads other points), or None."""
     if isinstance(module, torch.nn.modules.conv._ConvNd):
         pointwise = (all(k == 1 for k in module.kernel_size) and all(s == 1 for s in module.stride)
-                     and not module.transposed and (module.padding == "valid" or not any(module.padding)))
+                     and not module.transposed and (isinstance(module.padding, str) or not any(module.padding)))
         if not pointwise:
             return (f"kernel_size={tuple(module.kernel_size)}, stride={tuple(module.stride)}: it reads neighbouring "
                     "points, which lie on other ranks' tiles",
