@@ -11,7 +11,7 @@ with every order; its AVX-512 build does not. Measured with
 ``fetestexcept`` after each call: 12 of 12 such cases at levels 1-3, none
 at level 4; ducc0's real FFTs raise nothing at any level.
 
-:class:`HeldTraps` runs such a kernel the way C99's ``feholdexcept``
+``HeldTraps`` runs such a kernel the way C99's ``feholdexcept``
 means: the caller's environment (its flags and its traps) is saved, the
 kernel runs with every trap off and clear flags, and the caller's
 environment comes back unchanged, so a flag the kernel raised is dropped

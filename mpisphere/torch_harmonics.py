@@ -140,7 +140,7 @@ def replicate(module, process_grid=None):
     after ``backward``. A layer that cannot run on a tile (a convolution
     wider than 1 x 1, pooling, batch or instance normalisation) is refused,
     naming its path. Collective over the grid; see
-    :func:`mpisphere.torch_replicate.replicate`.
+    ``mpisphere.torch_replicate.replicate``.
 
     Returns
     -------
@@ -277,6 +277,7 @@ class DistributedQuadratureS2(torch.nn.Module):
         self._ops = _PerDtype(lambda dtype: QuadratureS2(pg, self.img_shape, grid, normalize, dtype=dtype))
 
     def forward(self, x):
+        """``(..., h, w)`` tile -> ``(...)``: the integral over the sphere, the same on every rank."""
         return apply(self._ops(x.dtype), x)
 
 
@@ -300,6 +301,7 @@ class DistributedResampleS2(torch.nn.Module):
         self._ops(torch.float32)   # built now: a bad argument is refused at construction, on every rank
 
     def forward(self, x):
+        """``(..., h_in, w_in)`` tile of the input grid -> ``(..., h_out, w_out)`` tile of the output grid."""
         op = self._ops(x.dtype)
         if op.linear:
             return apply(op, x)

@@ -1,4 +1,4 @@
-"""Whole-sphere parameters for any PyTorch module on a process grid: :func:`replicate` (the ``torch`` extra).
+"""Whole-sphere parameters for any PyTorch module on a process grid: ``replicate`` (the ``torch`` extra).
 
 Every rank of a :class:`~mpisphere.ProcessGrid` runs the same model on its
 own tile of the same sample. A parameter used on the tiles is replicated:
@@ -7,7 +7,7 @@ drop-in modules (:mod:`mpisphere.torch_harmonics`) sum their own parameters'
 gradients in their backward; the parameters of any other module (a linear
 layer, an MLP, a 1 x 1 convolution, a learnable scale) get one tile's
 gradient each unless something sums them, and a model trained so drifts
-apart rank by rank without an error. :func:`replicate` is that something,
+apart rank by rank without an error. ``replicate`` is that something,
 for a whole model at once::
 
     model = Model()                      # drop-in modules and plain torch layers
@@ -30,7 +30,7 @@ others'):
 A layer whose output at a point depends on other points (a convolution
 wider than 1 x 1, pooling, up-sampling, batch, instance or group
 normalisation, a layer normalisation over two axes or more) cannot run on a
-tile as it is: :func:`replicate` refuses it, on every rank, by its path.
+tile as it is: ``replicate`` refuses it, on every rank, by its path.
 Pointwise layers (linear layers, 1 x 1 convolutions, activations,
 normalisations over channels) run as they are.
 """
@@ -57,7 +57,7 @@ _POINT_MIXERS = (torch.nn.modules.pooling._MaxPoolNd, torch.nn.modules.pooling._
 
 
 class ReplicationWarning(UserWarning):
-    """A drop-in module trains in a model that :func:`replicate` has not covered (plain layers beside it would get
+    """A drop-in module trains in a model that ``replicate`` has not covered (plain layers beside it would get
     one tile's gradient)."""
 
 
@@ -99,7 +99,7 @@ def _bits(tensor):
 
 
 class Replication:
-    """What :func:`replicate` attached to a module: its grid, the parameters it covers by path, its hooks.
+    """What ``replicate`` attached to a module: its grid, the parameters it covers by path, its hooks.
 
     Attributes
     ----------
@@ -197,7 +197,7 @@ def replicate(module, grid):
     -------
     Replication
         What was attached (``.summed``, ``.own``: the parameters' paths);
-        also ``module.mpisphere_replication``. Calling :func:`replicate` again
+        also ``module.mpisphere_replication``. Calling ``replicate`` again
         (after adding layers) replaces it.
 
     Raises

@@ -15,7 +15,7 @@ are refused before any rank communicates).
 
 ducc0's AVX2 build raises the overflow flag in SIMD lanes whose values it
 discards (its AVX-512 build does not): the kernel runs under
-:class:`~mpisphere.fpenv.HeldTraps`, so a caller with floating-point traps
+``mpisphere.fpenv.HeldTraps``, so a caller with floating-point traps
 on (a Fortran debug build) sees its own environment back, and a flag only
 where an output is not finite.
 """
