@@ -369,10 +369,10 @@ def test_endless(comm):
 
 def test_a_launch_that_nears_its_timeout_says_so_before_it_is_killed(tmp_path):
     code, out = run_project(tmp_path, ENDLESS_TEST, "--mpi-sizes=2", "--mpi-test-timeout=300",
-                            "--mpi-launch-timeout=10")
+                            "--mpi-launch-timeout=6")
     assert code == 1, out
     # where the launch is when it says so depends on the machine's speed (the ranks may still be collecting)
-    said = re.search(r"\[mpiexec -n 2\] \d+ s of its 10 s launch timeout \(--mpi-launch-timeout\): 0/[1?] tests "
+    said = re.search(r"\[mpiexec -n 2\] \d+ s of its 6 s launch timeout \(--mpi-launch-timeout\): 0/[1?] tests "
                      r"done", out)
-    killed = out.find("killed after the launch timeout of 10 s")
+    killed = out.find("killed after the launch timeout of 6 s")
     assert said and 0 <= said.start() < killed, out
