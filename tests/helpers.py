@@ -149,3 +149,15 @@ def await_failure_note(grid):
     # the call that failed may have read the note already (at its end), and kept it for the next call
     while not grid.cart.failures.noted():
         time.sleep(0.001)
+
+
+def the_call_after_a_failure(grid, near, call):
+    """Every rank's next call after a halo call that raised on the ranks ``near`` the mistake: it completes on every
+    rank; the ranks farther away (their call returned normally) first wait for the failure's note, then raise at
+    its end for the earlier call. Returns the call's result on the near ranks, ``None`` on the others."""
+    if grid.rank in near:
+        return call()
+    await_failure_note(grid)
+    with raises(ValueError, match=r"failed on rank \d+ .* in an earlier call"):
+        call()
+    return None
