@@ -32,7 +32,9 @@ __all__ = [
     "allreduce_floats",
     "allreduce_max_ints",
     "iallreduce_max_ints",
+    "arrived",
     "isend_object",
+    "receive_object",
     "receive_objects",
     "abort",
     "alltoallv",
@@ -158,6 +160,11 @@ def iallreduce_max_ints(comm, values):
 def isend_object(comm, obj, dest, tag):
     """Send ``obj`` (picklable, small) to ``dest`` without blocking; returns the request."""
     return comm.isend(obj, dest=dest, tag=tag)
+
+
+def receive_object(comm, source, tag):
+    """Receive one object (picklable) from ``source`` with ``tag`` (waits for it)."""
+    return comm.recv(source=source, tag=tag)
 
 
 def receive_objects(comm, tag):
@@ -408,6 +415,11 @@ def improbe_bytes(comm, source, tag, status):
     if message is None:
         return None, 0
     return message, status.Get_count(MPI.BYTE)
+
+
+def arrived(comm, source, tag):
+    """``MPI_Iprobe``: whether a message from ``source`` with ``tag`` is there (it stays there, unmatched)."""
+    return comm.Iprobe(source=source, tag=tag)
 
 
 def mrecv_bytes(message, buf, nbytes):

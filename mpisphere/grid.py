@@ -21,7 +21,7 @@ from mpi4py import MPI
 
 from . import backend, collectives, cuda_aware, dtypes
 from .agreement import REFUSED, Call, CallGuard, InputError, collective, raise_everywhere
-from .agreement.failures import Failures, begin_call, raise_noted_failure
+from .agreement.failures import Failures, begin_call, raise_finding, raise_noted_failure
 from .agreement.stall import ExitNotice
 from .launch import world_mismatch
 from .partition import split_sizes
@@ -59,6 +59,9 @@ class GridComm(MPI.Cartcomm):
         wrapped.guard = guard
         wrapped.agreements = 0   # this communicator's agreements so far (stall notes say which one they are about)
         wrapped.failures = Failures(wrapped) if space is None else None  # on the whole grid's communicator
+        # on the whole grid's communicator, set by its first halo exchange: answers the neighbours' halo calls
+        # made instead of an agreement this rank waits in (mpisphere.halo.absent)
+        wrapped.answers = None
         wrapped.Set_name(name)
         return wrapped
 
@@ -618,10 +621,14 @@ class ProcessGrid:
         """
         if self._freed:
             return
+        error = None
         if not MPI.Is_finalized():
             # a free refused here (another rank is in another call) leaves the grid as it was, its failure notes
             # included: they are dropped only once every rank has agreed to free it
             Call(self.cart, "ProcessGrid.free").agree("ProcessGrid.free")
+            # every rank frees the grid; one that answered its neighbours' halo calls while it waited here, or
+            # that returned from a halo call that failed elsewhere (the agreement told it), raises once it has
+            error = self.cart.failures.finding()
         self._freed = True
         self.exit_notice.cancel()
         if not MPI.Is_finalized():
@@ -634,6 +641,8 @@ class ProcessGrid:
         if not MPI.Is_finalized():
             for comm in (self.azimuth, self.polar, self.cart, *self._owned):
                 comm.Free()
+        if error is not None:
+            raise_finding(error, "ProcessGrid.free", self.rank, self.size, " (the grid is freed on every rank)")
 
     def __del__(self):
         if not getattr(self, "_freed", True) and not MPI.Is_finalized():

@@ -161,3 +161,16 @@ def the_call_after_a_failure(grid, near, call):
     with raises(ValueError, match=r"failed on rank \d+ .* in an earlier call"):
         call()
     return None
+
+
+def free_after_a_failure(grid, near, kind=ValueError):
+    """Free ``grid`` after a halo call that raised on the ranks ``near`` the mistake: the grid is freed on every
+    rank, and the ranks farther away (their call returned normally) raise in ``free``, which the grid's agreement
+    told of the failure (whether or not its note has arrived)."""
+    if grid.rank in near:
+        grid.free()
+        return
+    with raises(kind, match=r"^ProcessGrid.free: rank \d+ of \d+: .* failed on rank \d+ .* in an earlier call.*"
+                            r"\(the grid is freed on every rank\)"):
+        grid.free()
+    assert grid.freed

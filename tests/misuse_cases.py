@@ -812,6 +812,28 @@ def refused_free_then_a_halo_mistake_on_rank_0(comm, grid, me):
         halo.update(good)
 
 
+def _free_between_halo_replays(comm, culprit):
+    with ProcessGrid(comm, comm.Get_size(), 1) as column:  # at 4 ranks, two ranks lie beyond the culprit's reach
+        nlat = 4 * comm.Get_size()
+        halo = HaloExchange(column, 1, 1, extents=(nlat, 8))
+        padded = numpy.zeros((column.local_shape(nlat, 8)[0] + 2, 10))
+        for _ in range(3):  # planned at the second call, replayed from the third
+            halo.update(padded)
+        if column.rank == culprit:
+            column.free()
+        halo.update(padded)
+
+
+def free_between_halo_replays_on_the_last_rank(comm, grid, me):
+    """The last rank frees the grid while the others replay a planned halo call (they waited for each other)."""
+    _free_between_halo_replays(comm, _last(comm))
+
+
+def free_between_halo_replays_on_rank_0(comm, grid, me):
+    """The same mistake on rank 0."""
+    _free_between_halo_replays(comm, 0)
+
+
 def tiling_extents_on_the_last_rank(comm, grid, me):
     """A regular tiling of one more latitude on the last rank: its part would be larger than what root sends."""
     tiling = grid.tiling(NLAT + (1 if _is_last(comm, me) else 0), NLON)
@@ -870,7 +892,7 @@ CASES = [chunk_width, batch_gather_from, batch_reduce_from, batch_transpose, bat
          halo_replay_next_to_a_dtype_on_the_last_rank, halo_replay_refused_in_a_thread_on_rank_0,
          # issue 56
          refused_free_then_a_halo_mistake_on_rank_0, tiling_extents_on_the_last_rank, ring_tiles_rings_on_the_last_rank,
-         disco_nan_on_the_last_rank]
+         disco_nan_on_the_last_rank, free_between_halo_replays_on_the_last_rank, free_between_halo_replays_on_rank_0]
 
 
 # --- issue 56: the drop-in modules' construction (needs torch: test_misuse.py skips these rows without it) ------

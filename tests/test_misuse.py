@@ -285,6 +285,17 @@ EXPECTED = {
     "refused_free_then_a_halo_mistake_on_rank_0": ("TypeError", r"^HaloExchange.update: rank \d of {size}.*(cannot "
                                                                r"exchange its halo|failed on rank \d \(the mistake "
                                                                r"at rank 0\) in an earlier call)"),
+    # issue 56: a rank that frees the grid while the others replay a halo call: it answers them; its neighbours
+    # raise in the call, it in free(), the ranks farther away in their free() (the grid's agreement told them)
+    "free_between_halo_replays_on_the_last_rank": (
+        "ValueError", r"^(ProcessGrid.free: rank \d of {size}: (north|south) neighbour rank \d was in "
+                      r"HaloExchange.update on this grid|ProcessGrid.free: rank \d of {size}: HaloExchange.update "
+                      r"failed on rank \d .* in an earlier call|HaloExchange.update: rank \d of {size} .*cannot "
+                      r"exchange its halo)"),
+    "free_between_halo_replays_on_rank_0": (
+        "ValueError", r"^(ProcessGrid.free: rank 0 of {size}: south neighbour rank 1 was in HaloExchange.update on "
+                      r"this grid|ProcessGrid.free: rank \d of {size}: HaloExchange.update failed on rank \d .* in an "
+                      r"earlier call|HaloExchange.update: rank \d of {size} .*cannot exchange its halo)"),
     # issue 56: tilings that differ between ranks, refused by name before any data moves (a larger part returned
     # uninitialised memory, a smaller one a raw MPI error on one rank)
     "tiling_extents_on_the_last_rank": ("ValueError", r"^RegularTiling.scatter: the {size} ranks hold different "

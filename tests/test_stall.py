@@ -6,6 +6,7 @@ report after 1 s and a deadline of 4 s, and reads what the ranks printed.
 """
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -55,8 +56,18 @@ PROGRAMS = {
         """,
     # a planned halo call (replayed at the third call) whose last rank has ended its program with the grid in use
     "replay_neighbour_ended": PLANNED.format(mistake="sys.exit(0)"),
-    # the last rank frees the grid while the others replay a planned halo call
-    "free_while_the_others_replay": PLANNED.format(mistake="grid.free()"),
+    # the last rank frees the grid while the others replay a planned halo call (each rank leaves the grid's block
+    # with the exception it raised: the with statement frees the grid on every rank)
+    "free_while_the_others_replay": """
+        with ProcessGrid(MPI.COMM_WORLD, MPI.COMM_WORLD.size, 1) as grid:
+            halo = HaloExchange(grid, 1, 1, extents=(12, 4))
+            padded = numpy.zeros((grid.local_shape(12, 4)[0] + 2, 6))
+            halo.update(padded)
+            halo.update(padded)
+            if grid.rank == grid.size - 1:
+                grid.free()
+            halo.update(padded)
+        """,
     # a drop-in layer (a torch module) called on some ranks only: the waiting line is the user's, not torch's
     "dropin_called_on_some_ranks": """
         import torch
@@ -182,15 +193,21 @@ def test_a_replayed_halo_call_names_its_line_and_a_neighbour_that_ended_its_prog
     assert "ended its program (exited with the grid in use, without this call): rank 2" in output, output
 
 
-def test_a_halo_call_names_the_call_a_neighbour_waits_in():
-    """The last rank frees the grid while its neighbour replays a halo call: the neighbour's report says where the
-    last rank waits (its free's agreement), and both name their lines."""
-    code, output = launch("free_while_the_others_replay", ranks=2, report="0.5", deadline="6")
+def test_a_rank_that_frees_the_grid_while_its_neighbour_replays_a_halo_call_raises_instead_of_waiting():
+    """The last rank frees the grid while its neighbour replays a halo call (issue 56: they waited for each other
+    until the deadline): the freeing rank answers the halo call, both raise at once naming the other's call and
+    line, and no rank reports a stall."""
+    code, output = launch("free_while_the_others_replay", ranks=2, report="2", deadline="6")
     assert code != 0, output
+    assert "has waited" not in output and "aborts the job" not in output, output
     base = len(HEADER.splitlines())
-    assert "rank 0 of 2 has waited" in output and f"in HaloExchange.update for its neighbours, called at " \
-        f"<string>:{9 + base}" in output, output
-    assert f"rank 1 waits in another call: ProcessGrid.free, called at <string>:{8 + base}" in output, output
+    assert re.search(r"ValueError: HaloExchange.update: rank 0 of 2 \(polar 0, azimuth 0\) cannot exchange its halo: "
+                     r"south neighbour rank 1: is not making the same call .*rank 1: it is in ProcessGrid.free, "
+                     rf"called at <string>:{8 + base}, not in a halo call", output), output
+    assert re.search(r"ValueError: ProcessGrid.free: rank 1 of 2: north neighbour rank 0 was in HaloExchange.update "
+                     rf"on this grid \(halo call 3\) while this rank was in ProcessGrid.free, called at <string>:"
+                     rf"{8 + base}: this rank answered that it is not in that call, and rank 0 raised there \(the grid "
+                     r"is freed on every rank\)", output), output
 
 
 def test_a_drop_in_layer_waiting_names_the_users_line_not_torchs():

@@ -165,8 +165,23 @@ def _group_id(comm, space):
 
 
 def _reduce(comm, flags, who):
-    """The agreement's one reduction (elementwise maximum, in place), watched for a rank that never arrives."""
+    """The agreement's one reduction (elementwise maximum, in place), watched for a rank that never arrives.
+
+    Its last word carries the halo failures of a grid's whole communicator (``Failures.token``, 0 elsewhere):
+    after it, every rank knows the last halo call that raised anywhere (``Failures.learn``).
+    """
+    failures = getattr(comm, "failures", None)
+    flags[-1] = 0 if failures is None else failures.token()
     wait(collectives.iallreduce_max_ints(comm, flags), comm, who)
+    if failures is not None:
+        failures.learn(flags[-1])
+
+
+def _raising(comm):
+    """The agreement is about to raise on every rank: the halo failures it told of are raised with it."""
+    failures = getattr(comm, "failures", None)
+    if failures is not None:
+        failures.raising()
 
 
 def agree(comm, who, error, description, spec=None, signature=""):
@@ -218,7 +233,7 @@ def agree(comm, who, error, description, spec=None, signature=""):
     everything = digest(" | ".join(text for _, text in parts))
     code = digest(here)
     not_aware = 1 if device and not config.force_staging and not cuda_aware.verdict()[0] else 0
-    flags = numpy.array([0 if error is None else 1, code, -code, everything, -everything, not_aware],
+    flags = numpy.array([0 if error is None else 1, code, -code, everything, -everything, not_aware, 0],
                         dtype=numpy.int64)
     _reduce(comm, flags, who)
     context = Context(config.force_staging or (device and flags[5] > 0))
@@ -234,10 +249,12 @@ def agree(comm, who, error, description, spec=None, signature=""):
                 for c, text in parts if c is not comm], who))
     errors = [(r, size, e[0], e[1]) for r, (e, _, _, _) in enumerate(everyone) if e is not None]
     if errors:
+        _raising(comm)
         raise as_exception(who, errors, comm.Get_rank())
     texts, whos = [d for _, d, _, _ in everyone], [w for _, _, _, w in everyone]
     mismatch = "disagree on what they are about to do"
     if len(set(texts)) > 1:
+        _raising(comm)
         raise disagreement(who, size, mismatch, texts, comm.Get_rank(), whos=whos)
     # the ranks agree here: find the groups of a sub-communicator that do not
     for index in range(min(len(parts_of) for _, _, parts_of, _ in everyone)):
@@ -248,6 +265,7 @@ def agree(comm, who, error, description, spec=None, signature=""):
                 group_of.setdefault(where, {})[r] = text
         for (name, _), members in group_of.items():
             if len(set(members.values())) > 1:
+                _raising(comm)
                 raise disagreement(who, size, mismatch, [members[r] for r in sorted(members)], comm.Get_rank(),
                                    ranks=sorted(members), where=f" within {name}")
     return context  # debug mode compared everything and found it equal
@@ -301,7 +319,7 @@ def settle(comm, who, error, description="", mismatch="disagree on what they are
     code = digest(description)
     # the layout of agree()'s flags: any agreement step meets any other (a rank that failed before a call and
     # settles its failure meets the others' next agreement, whichever kind), and differing digests tell
-    flags = numpy.array([0 if error is None else 1, code, -code, code, -code, 0], dtype=numpy.int64)
+    flags = numpy.array([0 if error is None else 1, code, -code, code, -code, 0, 0], dtype=numpy.int64)
     _reduce(comm, flags, who)
     if flags[0] == 0 and flags[1] == -flags[2]:
         return
@@ -309,6 +327,7 @@ def settle(comm, who, error, description="", mismatch="disagree on what they are
     everyone = collectives.allgather_object(comm, (None if error is None else (error.kind.__name__, error.text),
                                                    description, [], who))
     errors = [(r, size, e[0], e[1]) for r, (e, _, _, _) in enumerate(everyone) if e is not None]
+    _raising(comm)
     if errors:
         raise as_exception(who, errors, comm.Get_rank())
     raise disagreement(who, size, mismatch, [d for _, d, _, _ in everyone], comm.Get_rank(),

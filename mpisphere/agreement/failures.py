@@ -21,15 +21,30 @@ itself drops the notes about ``n``; a note about a call this rank has not
 reached yet is kept until it has. Ranks that raised and then make another
 call than the others (or end their program) leave those waiting as any
 such difference does: the agreement's stall report says who is where.
+
+A note travels on its own, so how soon it arrives depends on the machine.
+The agreements over the whole grid make the verdict independent of it: each
+rank brings the number of the last halo call that raised in the call itself
+on it (``token``), the reduction gives every rank the latest one, and a
+rank that returned normally from that call raises at the end of the call
+that agreed (``learn``), waiting for the note if it has not come yet (it
+was sent before its sender entered the agreement). A rank that waited in
+such an agreement while its neighbours were in a halo call it never made
+answered them (:mod:`mpisphere.halo.absent`) and raises at the end of that
+call too (``skip``).
 """
+
+import time
 
 from .. import collectives
 from .collective import KINDS, printed_once
 from .spec import InputError
 
-__all__ = ["Failures", "FAILURE_TAG", "begin_call", "raise_noted_failure"]
+__all__ = ["Failures", "FAILURE_TAG", "begin_call", "raise_finding", "raise_noted_failure"]
 
 FAILURE_TAG = 0x6D6678  # "mfx", on the grid's whole communicator
+_RANK_BITS = 24  # an agreement's failure word: the call's number above, its rank below
+_NOTE_WAIT = 60.0  # seconds a rank waits for the note of a failure an agreement told it of
 
 
 class Failures:
@@ -43,7 +58,8 @@ class Failures:
         The numbers of the halo calls this rank raised in (their notes are dropped here).
     """
 
-    __slots__ = ("comm", "single", "rounds", "raised", "closed", "_before", "_kept", "_sent")
+    __slots__ = ("comm", "single", "rounds", "raised", "closed", "failed", "skipped", "learnt", "_before", "_kept",
+                 "_sent")
 
     def __init__(self, comm):
         self.comm = comm
@@ -51,6 +67,9 @@ class Failures:
         self.rounds = 0
         self.raised = set()
         self.closed = False  # the grid is being freed: no call raises an earlier failure any more
+        self.failed = 0      # the last halo call that raised in the call itself on this rank (and was announced)
+        self.skipped = None  # InputError: neighbours' halo calls this rank answered, not making them (halo.absent)
+        self.learnt = None   # (call, rank): a halo call that failed on rank, learnt from an agreement
         self._before = 0     # halo calls completed before the outermost call now running began
         self._kept = []   # notes read and not acted on yet (about calls this rank had not completed)
         self._sent = []   # the requests of the notes this rank sent, completed as they go
@@ -75,11 +94,52 @@ class Failures:
         if number in self.raised:
             return
         self.raised.add(number)
+        self.failed = max(self.failed, number)
         rank, size = self.comm.Get_rank(), self.comm.Get_size()
         note = {"call": number, "who": who, "rank": rank, "culprit": culprit, "kind": kind.__name__,
                 "cause": cause, "own": bool(own)}
         # small messages, sent eagerly: they complete whether or not a rank reads them
         self._sent += [collectives.isend_object(self.comm, note, q, FAILURE_TAG) for q in range(size) if q != rank]
+
+    def skip(self, number, error):
+        """This rank answered a neighbour's halo call ``number`` that it did not make (it waited in an agreement,
+        :mod:`mpisphere.halo.absent`): its count of calls follows, and ``error`` is raised at the end of the call
+        it waited in (the first such error is kept)."""
+        self.rounds = max(self.rounds, number)
+        self.raised.add(number)
+        if self.skipped is None:
+            self.skipped = error
+
+    def token(self):
+        """This rank's word in an agreement over the grid: its last failed halo call and its rank (0: none)."""
+        return 0 if self.single or not self.failed else (self.failed << _RANK_BITS) | self.comm.Get_rank()
+
+    def learn(self, token):
+        """The agreement's maximum of :meth:`token`: a halo call this rank returned from normally that failed on
+        another rank is raised at the end of the call that agreed (:meth:`finding`)."""
+        number, rank = int(token) >> _RANK_BITS, int(token) & ((1 << _RANK_BITS) - 1)
+        if number and number not in self.raised and number <= self.rounds:
+            self.learnt = (number, rank)
+
+    def raising(self):
+        """The agreement raises on every rank: what it learnt, and the calls this rank answered, are raised now."""
+        if self.learnt is not None:
+            self.raised.add(self.learnt[0])
+            self.learnt = None
+        self.skipped = None
+
+    def _await_learnt(self):
+        """Wait for the note of the call :meth:`learn` found (sent before its rank entered the agreement)."""
+        number, rank = self.learnt
+        self.learnt = None
+        deadline = time.monotonic() + _NOTE_WAIT
+        while not any(note.get("call") == number for note in self._kept):
+            if time.monotonic() > deadline:  # never seen: MPI delivers what was sent; say what is known
+                self._kept.append({"call": number, "who": "a halo call", "rank": rank, "culprit": None,
+                                   "kind": "ValueError", "cause": "(its note did not arrive)", "own": False})
+                return
+            time.sleep(0.0005)
+            self._read()
 
     def _read(self):
         """Keep the notes that have arrived; drop the sends that have completed."""
@@ -102,7 +162,12 @@ class Failures:
         """
         if self.single or self.closed:
             return None
+        if self.skipped is not None:
+            error, self.skipped = self.skipped, None
+            return error
         self._read()
+        if self.learnt is not None:
+            self._await_learnt()
         if not self._kept:
             return None
         found, kept = None, []
@@ -159,12 +224,19 @@ def raise_noted_failure(comm, who):
     space = getattr(comm, "space", None)
     failures = getattr(space, "failures", None)
     error = None if failures is None else failures.finding()
-    if error is None:
-        return
-    rank, size = space.Get_rank(), space.Get_size()
-    exc = error.kind(f"{who}: rank {rank} of {size}: {error.text}")
-    # printed in one line naming the rank whose own input was the mistake (it printed its message in full)
+    if error is not None:
+        raise_finding(error, who, space.Get_rank(), space.Get_size())
+
+
+def raise_finding(error, who, rank, size, after=""):
+    """Raise ``error`` (from :meth:`Failures.finding`) at the end of ``who``'s call on this rank; ``after``: what
+    the call did, said after its first line."""
+    first, _, rest = error.text.partition("\n")
+    exc = error.kind(f"{who}: rank {rank} of {size}: {first}{after}" + (f"\n{rest}" if rest else ""))
     culprit = getattr(error, "culprit", None)
+    if culprit is None:  # calls that did not match: no one rank's mistake, each rank prints its own view
+        exc.mpisphere_message, exc.mpisphere_reporter = str(exc), None
+        raise exc
+    # printed in one line naming the rank whose own input was the mistake (it printed its message in full)
     cause = error.text.split("\n")[0].split(";")[0]
-    raise printed_once(exc, who, rank, rank if culprit is None else culprit, f"rank {rank} of {size}: {cause}",
-                       everywhere=False)
+    raise printed_once(exc, who, rank, culprit, f"rank {rank} of {size}: {cause}", everywhere=False)

@@ -23,6 +23,21 @@ _CULPRIT_OWN = 1 << 16  # the culprit's mistake was its own input (not a pair of
 def _kind_code(kind):
     return (_KINDS.index(kind) if kind in _KINDS else 0) + 1
 DETAILS_TAG = 0x6D74  # the full descriptions of a failed round, exchanged between the pairs that did not fit
+# A round's messages travel with their tag plus EPOCH_TAGS when the sender has made an odd number of agreements on
+# the grid (``GridComm.agreements``): a rank waiting in agreement k can then probe for the halo messages of ranks
+# that have not made agreement k (a call they made instead of it, :mod:`mpisphere.halo.absent`) without taking
+# those of ranks that have made it and gone on (the neighbours of a correct program hold the same count).
+EPOCH_TAGS = 100
+
+
+def epoch_of(agreements):
+    """The tag offset of the rounds of a rank that has made ``agreements`` agreements on the grid."""
+    return EPOCH_TAGS * (int(agreements) & 1)
+
+
+def current_epoch(comm):
+    """The tag offset of a round that begins now on ``comm`` (0 on a communicator that counts no agreements)."""
+    return epoch_of(getattr(comm, "agreements", 0))
 
 
 def header_words(code, tile, order, pattern, nbytes, location=None):
@@ -116,6 +131,15 @@ class NeighbourRound:
         :meth:`acknowledge` after reading, by the round otherwise.
     code : int, optional
         ``digest(description)``, when the caller keeps it from call to call.
+    epoch : int, optional
+        The offset added to every tag on the wire (:func:`epoch_of`); by
+        default this rank's, from ``comm``'s count of agreements. A persistent
+        ``request`` given to :meth:`send` must have been made with it.
+    absent : bool
+        A round of a rank that is not in the neighbours' call (it waits in an
+        agreement, :mod:`mpisphere.halo.absent`): like a round with ``error``
+        it sends headers alone and drops what arrives, but its headers say only
+        that it makes another call (its digest), not that its input is wrong.
 
     Notes
     -----
@@ -142,8 +166,10 @@ class NeighbourRound:
     """
 
     def __init__(self, comm, who, description, tile, error, expected, fits, order=0, staged=False,
-                 workspace=None, pattern=0, optional=None, acknowledge=None, code=None):
+                 workspace=None, pattern=0, optional=None, acknowledge=None, code=None, epoch=None, absent=False):
         self.comm, self.who, self.fits = comm, who, fits
+        self.epoch = current_epoch(comm) if epoch is None else int(epoch)
+        self.absent = bool(absent)
         self.description = description
         self.error = error
         self.code = digest(description) if code is None else code  # a caller may keep it from call to call
@@ -159,7 +185,7 @@ class NeighbourRound:
         # (rank, exception class) of the mistake behind this round's failure, as far as this rank knows it
         # (rank, exception class, whether the mistake is the culprit's own input) of the mistake behind this
         # round's failure, as far as this rank knows it
-        self.culprit = (comm.Get_rank(), error.kind, True) if error is not None else None
+        self.culprit = (comm.Get_rank(), error.kind, True) if error is not None and not absent else None
         self._flush = error is not None    # send everything at once: waiting could close a cycle
         self._pending = list(expected)     # messages not received yet
         self._received = set()
@@ -181,7 +207,8 @@ class NeighbourRound:
 
     def _header(self, nbytes, location=None):
         header = self._base.copy()  # one array built per round; a copy per message (the sends are in flight)
-        header[1] = (_OWN_ERROR if self.error is not None else 0) | (_POISONED if self.poisoned else 0) | \
+        header[1] = (_OWN_ERROR if self.error is not None and not self.absent else 0) | \
+            (_POISONED if self.poisoned else 0) | \
             (0 if location is None else _SHARED)
         header[5] = nbytes
         if location is not None:
@@ -243,7 +270,7 @@ class NeighbourRound:
     def _post(self, out, dest, tag, request=None):
         """Start the send of the bytes ``out`` (its persistent ``request``, or a new one)."""
         if request is None:
-            request = collectives.isend_bytes(self.comm, out, dest, tag)
+            request = collectives.isend_bytes(self.comm, out, dest, tag + self.epoch)
         else:
             collectives.start(request)
         self._sends.append((request, out))
@@ -392,6 +419,15 @@ class NeighbourRound:
             else:  # sent but not expected here: received and dropped in this call
                 self._pending.append(key)
 
+    def progress(self):
+        """Receive the pending messages that have arrived, never waiting; whether every one has (a round that
+        :meth:`finish` then ends without waiting for a neighbour)."""
+        for key in list(self._pending):
+            probed, nbytes = collectives.improbe_bytes(self.comm, key[0], key[1] + self.epoch, self._status)
+            if probed is not None:
+                self.receive(key, probed, nbytes)
+        return not self._pending
+
     def _poll(self, wanted):
         """Receive messages (any that is pending) until every key in ``wanted`` has arrived or the round flushes."""
         while self._pending and any(k in self._pending for k in wanted) and not self._flush:
@@ -407,7 +443,7 @@ class NeighbourRound:
         """
         found = False
         for key in list(self._pending):
-            probed, nbytes = collectives.improbe_bytes(self.comm, key[0], key[1], self._status)
+            probed, nbytes = collectives.improbe_bytes(self.comm, key[0], key[1] + self.epoch, self._status)
             if probed is not None:
                 found = True
                 self.receive(key, probed, nbytes)
@@ -476,11 +512,12 @@ class NeighbourRound:
         return self.problems
 
     def details(self):
-        """``{rank: (error text or None, description)}`` of the neighbours whose records did not fit with this one.
+        """``{rank: (error text or None, description, who)}`` of the neighbours whose records did not fit with this
+        one (``who``: their call's name, ``"HaloExchange.update"``).
 
         Both ranks of such a pair call it (the reasons are symmetric), so the
         extra messages always match; ranks poisoned only from farther away
         exchange nothing more.
         """
-        mine = (None if self.error is None else self.error.text, self.description)
+        mine = (None if self.error is None else self.error.text, self.description, self.who)
         return collectives.exchange_objects(self.comm, sorted(self.mismatched), mine, DETAILS_TAG)

@@ -139,7 +139,8 @@ class HaloCall:
                     lines.append(line)
             details = round_.details()
             shown = "" if not details else " [" + " | ".join(
-                [f"this rank: {first(text)}"] + [f"rank {r}: {first(e) if e else d}" for r, (e, d) in details.items()]
+                [f"this rank: {first(text)}"]
+                + [f"rank {r}: {first(e) if e else d}" for r, (e, d, _) in details.items()]
             ) + "]"
             # one class on every rank the failure reaches: the mistake's own (a mismatch is a ValueError)
             culprit, kind, own = round_.culprit or (None, ValueError, False)
@@ -309,7 +310,7 @@ class HaloCall:
                 else:
                     if buf is not None and not round_.poisoned:
                         plan.pack(move.tag, move.send)
-                    round_.send(dest, move.tag, message, request=plan.request(move.tag, dest))
+                    round_.send(dest, move.tag, message, request=plan.request(move.tag, dest, round_.epoch))
             source = receives.get(move.tag)
             if source is not None:
                 incoming.append(((source, move.tag), move.recv, plan.incoming[move.tag][1]))

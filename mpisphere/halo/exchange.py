@@ -58,6 +58,7 @@ from ..agreement import REFUSED, Context, InputError, agree, agree_construction,
     call_description, collective, raise_everywhere
 from ..operators import ADJOINT, DISTRIBUTED, FORWARD, Layout, LinearOperator
 from ..validation import check_choice, check_int
+from .absent import answer_skipped_calls
 from .call import HaloCall
 from .pattern import HaloPattern
 from .poles import AcrossPoles, ZeroPoles
@@ -161,6 +162,7 @@ class HaloExchange(LinearOperator):
             raise ValueError(f"{self._label}: quadrature says where the poles are, for poles='across'; the zero "
                              "halo past the poles does not need it")
         self.pattern = HaloPattern(grid, self.rows, self.cols)
+        answer_skipped_calls(grid, self.pattern)  # while this rank waits in an agreement, its neighbours' halo calls
         self.domain = Layout(DISTRIBUTED, grid.cart)
         self.range = Layout(DISTRIBUTED, grid.cart)
         self._comm = grid.cart

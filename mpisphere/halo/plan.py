@@ -85,14 +85,15 @@ class MessagePlan:
             copy = self._copies[key] = unpacker(self._array, region, self.incoming[tag][1])
         copy()
 
-    def request(self, tag, dest):
-        """The persistent send of ``outgoing[tag]`` to ``dest`` (host buffers only; ``None`` otherwise)."""
+    def request(self, tag, dest, epoch=0):
+        """The persistent send of ``outgoing[tag]`` to ``dest`` with the wire tag ``tag + epoch`` (the round's
+        :func:`~mpisphere.agreement.neighbours.epoch_of`; host buffers only, ``None`` otherwise)."""
         message = self.outgoing[tag][0]
         if message is None or not self._host:
             return None
-        found = self._requests.get(tag)
+        found = self._requests.get((tag, epoch))
         if found is None:
-            found = self._requests[tag] = collectives.send_init_bytes(self._comm, message, dest, tag)
+            found = self._requests[(tag, epoch)] = collectives.send_init_bytes(self._comm, message, dest, tag + epoch)
         return found
 
     def free(self):

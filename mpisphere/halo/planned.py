@@ -41,6 +41,7 @@ import numpy
 
 from .. import collectives
 from ..agreement import HEADER_BYTES, header_words
+from ..agreement.neighbours import EPOCH_TAGS, current_epoch
 from ..agreement.stall import Watch
 from ..operators import FORWARD
 from ..settings import config
@@ -117,10 +118,11 @@ class PlannedCall:
         blocks = call.boundary.blocks(h, P.shape[-1]) if gather else pattern.halo_blocks(h, w)
         self.end = tuple(zeroer(P, block) for block in blocks)
         self.keys = tuple(key for _, keys, _ in self.phases for key in keys)
-        self.requests = [send[3] for sends, _, _ in self.phases for send in sends]
 
     def _send(self, P, move, dest, code, shared):
-        """``(steps, header view, header bytes, request, dest, tag, message, call word or None)`` of one block."""
+        """``(steps, header view, header bytes, requests, dest, tag, message, call word or None)`` of one block;
+        ``requests``: its persistent sends with the tags of the two epochs (a list: the second one is made at its
+        first call, :meth:`_request`)."""
         message, data = self.plan.outgoing[move.tag]
         if shared and data is not None:  # left in this rank's window: the header alone says where
             record, offset, steps = self.record, -1, ()
@@ -130,21 +132,35 @@ class PlannedCall:
             steps += (functools.partial(collectives.window_sync, record.window),)  # the writes before the header
             words = header_words(code, self.tile, self.order, 0, data.nbytes, (record.serial, 0, offset))
             self.published.append((dest, move.tag))
-            message = self._own_header(dest, move.tag)
-            return (steps, memoryview(message)[:HEADER_BYTES], words.tobytes(), self._own_requests[-1], dest,
+            message, requests = self._own_header(dest, move.tag)
+            return (steps, memoryview(message)[:HEADER_BYTES], words.tobytes(), requests, dest,
                     move.tag, message, message.view(numpy.int64))
         if data is None:  # a zero-width block: the header alone
-            message = self._own_header(dest, move.tag)
-            request, steps = self._own_requests[-1], ()
+            (message, requests), steps = self._own_header(dest, move.tag), ()
         else:
-            request, steps = self.plan.request(move.tag, dest), (packer(P, move.send, data),)
+            requests = [self.plan.request(move.tag, dest, 0), None, False]
+            steps = (packer(P, move.send, data),)
         words = header_words(code, self.tile, self.order, 0, message.size - HEADER_BYTES)
-        return steps, memoryview(message)[:HEADER_BYTES], words.tobytes(), request, dest, move.tag, message, None
+        return steps, memoryview(message)[:HEADER_BYTES], words.tobytes(), requests, dest, move.tag, message, None
 
     def _own_header(self, dest, tag):
+        """A header that goes alone, and its persistent sends (the second epoch's made at its first call)."""
         message = numpy.zeros(HEADER_BYTES, numpy.uint8)
         self._own_requests.append(collectives.send_init_bytes(self.comm, message, dest, tag))
-        return message
+        return message, [self._own_requests[-1], None, True]
+
+    def _request(self, requests, which, dest, tag, message):
+        """The persistent send of epoch ``which`` (0 or 1) of a block, made at its first call (``requests``: the
+        two epochs' sends, and whether the header goes alone)."""
+        request = requests[which]
+        if request is None:
+            if requests[2]:
+                request = collectives.send_init_bytes(self.comm, message, dest, tag + EPOCH_TAGS)
+                self._own_requests.append(request)
+            else:
+                request = self.plan.request(tag, dest, EPOCH_TAGS)
+            requests[which] = request
+        return request
 
     def _receive(self, P, move, key, code, tile, where, gather):
         """Plan how the block of ``key`` arrives; returns the steps that use it once the phase's blocks are in."""
@@ -187,31 +203,35 @@ class PlannedCall:
     def run(self):
         """The call, replayed; hands over to the full round (which raises where it must) at the first surprise."""
         number = self.failures.next_round()
+        epoch = current_epoch(self.comm)
+        which = 1 if epoch else 0
         sequence = None if not self.published else self.memory.publish(self.record)
         for step in self.before:
             step()
-        pending = list(self.keys)
+        pending, started = list(self.keys), []
         for index, (sends, keys, after) in enumerate(self.phases):
-            for steps, head, words, request, _, _, _, stamp in sends:
+            for steps, head, words, requests, dest, tag, message, stamp in sends:
                 for step in steps:
                     step()
                 head[:] = words
                 if stamp is not None:
                     stamp[_CALL_WORD] = sequence
+                request = requests[which] or self._request(requests, which, dest, tag, message)
                 collectives.start(request)
+                started.append(request)
             if keys:
-                surprise = self._arrive(keys, pending)
+                surprise = self._arrive(keys, pending, epoch)
                 if surprise is not None:
-                    return self._hand_over(number, sequence, index, pending, *surprise)
+                    return self._hand_over(number, sequence, index, pending, which, *surprise)
             for step in after:
                 step()
-        collectives.waitall(self.requests)
+        collectives.waitall(started)
         if self.published:  # the blocks left in the window stay as they are until the neighbours have read them
             self.memory.await_acknowledgements(self.published, sequence, self.who)
         for step in self.end:
             step()
 
-    def _arrive(self, keys, pending):
+    def _arrive(self, keys, pending, epoch):
         """Receive until every message of ``keys`` has arrived with the header expected of it.
 
         Returns ``None``, or ``(key, probed message or None, size)`` of the first message that did not fit
@@ -224,7 +244,7 @@ class PlannedCall:
         while any(key in pending for key in keys):
             found = False
             for key in tuple(pending):
-                probed, nbytes = collectives.improbe_bytes(comm, key[0], key[1], status)
+                probed, nbytes = collectives.improbe_bytes(comm, key[0], key[1] + epoch, status)
                 if probed is None:
                     continue
                 found = True
@@ -248,12 +268,12 @@ class PlannedCall:
             watch.idle({k[0] for k in pending}, {k[0] for k in self.keys if k not in pending})
         return None
 
-    def _hand_over(self, number, sequence, index, pending, key, probed, nbytes):
+    def _hand_over(self, number, sequence, index, pending, which, key, probed, nbytes):
         """Go on with the full round from phase ``index``: it takes what was sent (every message of the phases up
         to ``index``) and received (what is not ``pending``), then ``key``."""
         call, P = self.call, self.array
-        sent = [(dest, tag, request, message) for sends, _, _ in self.phases[:index + 1]
-                for _, _, _, request, dest, tag, message, _ in sends]
+        sent = [(dest, tag, requests[which], message) for sends, _, _ in self.phases[:index + 1]
+                for _, _, _, requests, dest, tag, message, _ in sends]
         published = [(dest, tag) for dest, tag, _, _ in sent if (dest, tag) in self.published]
         received = [k for k in self.keys if k not in pending]
         unread = {k for _, keys, _ in self.phases[index:] for k in keys}  # earlier phases' blocks are read already
