@@ -293,7 +293,7 @@ def unmarked_collective_methods(path):
 # (point-to-point notes sent and read inside the calls whose end they raise at)
 AGREED_ELSEWHERE = {"agreement.call", "agreement.neighbours", "agreement.stall", "agreement.failures",
                     "transpose.Exchange",
-                    "halo.plan.MessagePlan", "halo.planned.PlannedCall", "halo.shared.NodeMemory",
+                    "halo.absent", "halo.plan.MessagePlan", "halo.planned.PlannedCall", "halo.shared.NodeMemory",
                     "halo.shared.SharedLink"}
 
 

@@ -121,8 +121,8 @@ class PlannedCall:
 
     def _send(self, P, move, dest, code, shared):
         """``(steps, header view, header bytes, requests, dest, tag, message, call word or None)`` of one block;
-        ``requests``: its persistent sends with the tags of the two epochs (a list: the second one is made at its
-        first call, :meth:`_request`)."""
+        ``requests``: its persistent sends with the tags of the two epochs (both made here: a replay then makes
+        none, whatever the count of agreements before it)."""
         message, data = self.plan.outgoing[move.tag]
         if shared and data is not None:  # left in this rank's window: the header alone says where
             record, offset, steps = self.record, -1, ()
@@ -138,29 +138,18 @@ class PlannedCall:
         if data is None:  # a zero-width block: the header alone
             (message, requests), steps = self._own_header(dest, move.tag), ()
         else:
-            requests = [self.plan.request(move.tag, dest, 0), None, False]
+            requests = tuple(self.plan.request(move.tag, dest, epoch) for epoch in (0, EPOCH_TAGS))
             steps = (packer(P, move.send, data),)
         words = header_words(code, self.tile, self.order, 0, message.size - HEADER_BYTES)
         return steps, memoryview(message)[:HEADER_BYTES], words.tobytes(), requests, dest, move.tag, message, None
 
     def _own_header(self, dest, tag):
-        """A header that goes alone, and its persistent sends (the second epoch's made at its first call)."""
+        """A header that goes alone, and its persistent sends (one per epoch)."""
         message = numpy.zeros(HEADER_BYTES, numpy.uint8)
-        self._own_requests.append(collectives.send_init_bytes(self.comm, message, dest, tag))
-        return message, [self._own_requests[-1], None, True]
-
-    def _request(self, requests, which, dest, tag, message):
-        """The persistent send of epoch ``which`` (0 or 1) of a block, made at its first call (``requests``: the
-        two epochs' sends, and whether the header goes alone)."""
-        request = requests[which]
-        if request is None:
-            if requests[2]:
-                request = collectives.send_init_bytes(self.comm, message, dest, tag + EPOCH_TAGS)
-                self._own_requests.append(request)
-            else:
-                request = self.plan.request(tag, dest, EPOCH_TAGS)
-            requests[which] = request
-        return request
+        requests = tuple(collectives.send_init_bytes(self.comm, message, dest, tag + epoch)
+                         for epoch in (0, EPOCH_TAGS))
+        self._own_requests += requests
+        return message, requests
 
     def _receive(self, P, move, key, code, tile, where, gather):
         """Plan how the block of ``key`` arrives; returns the steps that use it once the phase's blocks are in."""
@@ -210,13 +199,13 @@ class PlannedCall:
             step()
         pending, started = list(self.keys), []
         for index, (sends, keys, after) in enumerate(self.phases):
-            for steps, head, words, requests, dest, tag, message, stamp in sends:
+            for steps, head, words, requests, _, _, _, stamp in sends:
                 for step in steps:
                     step()
                 head[:] = words
                 if stamp is not None:
                     stamp[_CALL_WORD] = sequence
-                request = requests[which] or self._request(requests, which, dest, tag, message)
+                request = requests[which]
                 collectives.start(request)
                 started.append(request)
             if keys:
