@@ -132,7 +132,7 @@ class NeighbourRound:
     code : int, optional
         ``digest(description)``, when the caller keeps it from call to call.
     epoch : int, optional
-        The offset added to every tag on the wire (:func:`epoch_of`); by
+        The offset added to every tag on the wire (``epoch_of``); by
         default this rank's, from ``comm``'s count of agreements. A persistent
         ``request`` given to :meth:`send` must have been made with it.
     absent : bool

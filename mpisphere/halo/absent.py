@@ -7,7 +7,7 @@ call instead, one that begins with an agreement over the whole grid
 for its messages while it waits for theirs in the agreement. So while a rank
 waits in such an agreement, it looks for halo messages addressed to it; the
 ones that come from a rank that has not made this agreement are a call it
-never makes (their tags say so: :func:`~mpisphere.agreement.neighbours.epoch_of`).
+never makes (their tags say so: ``agreement.neighbours.epoch_of``).
 It then answers that neighbour as any rank of the round does: one header for
 every message the neighbour expects of it, saying that it makes another call
 (its digest), no data; it drops what the neighbour sent, acknowledges what the

@@ -87,7 +87,7 @@ class MessagePlan:
 
     def request(self, tag, dest, epoch=0):
         """The persistent send of ``outgoing[tag]`` to ``dest`` with the wire tag ``tag + epoch`` (the round's
-        :func:`~mpisphere.agreement.neighbours.epoch_of`; host buffers only, ``None`` otherwise)."""
+        ``agreement.neighbours.epoch_of``; host buffers only, ``None`` otherwise)."""
         message = self.outgoing[tag][0]
         if message is None or not self._host:
             return None
