@@ -1,7 +1,7 @@
 """Answering the halo calls that neighbours make while this rank waits in an agreement over the grid.
 
 A halo call agrees with the neighbours only, in the headers of its messages
-(:class:`~mpisphere.agreement.NeighbourRound`). A rank that makes another
+(``agreement.NeighbourRound``). A rank that makes another
 call instead, one that begins with an agreement over the whole grid
 (``grid.free()``, a transform, a gather), would leave its neighbours waiting
 for its messages while it waits for theirs in the agreement. So while a rank
