@@ -34,9 +34,8 @@ answered them (:mod:`mpisphere.halo.absent`) and raises at the end of that
 call too (``skip``).
 """
 
-import time
-
 from .. import collectives
+from ..waiting import WaitLoop
 from .collective import KINDS, printed_once
 from .spec import InputError
 
@@ -132,14 +131,16 @@ class Failures:
         """Wait for the note of the call :meth:`learn` found (sent before its rank entered the agreement)."""
         number, rank = self.learnt
         self.learnt = None
-        deadline = time.monotonic() + _NOTE_WAIT
-        while not any(note.get("call") == number for note in self._kept):
-            if time.monotonic() > deadline:  # never seen: MPI delivers what was sent; say what is known
-                self._kept.append({"call": number, "who": "a halo call", "rank": rank, "culprit": None,
-                                   "kind": "ValueError", "cause": "(its note did not arrive)", "own": False})
-                return
-            time.sleep(0.0005)
+
+        def arrived():
             self._read()
+            return any(note.get("call") == number for note in self._kept)
+
+        def never():  # MPI delivers what was sent; if it has not, say what the agreement told
+            self._kept.append({"call": number, "who": "a halo call", "rank": rank, "culprit": None,
+                               "kind": "ValueError", "cause": "(its note did not arrive)", "own": False})
+
+        WaitLoop(deadline=_NOTE_WAIT).run(arrived, expire=never)
 
     def _read(self):
         """Keep the notes that have arrived; drop the sends that have completed."""

@@ -422,11 +422,21 @@ class NeighbourRound:
     def progress(self):
         """Receive the pending messages that have arrived, never waiting; whether every one has (a round that
         :meth:`finish` then ends without waiting for a neighbour)."""
+        self._receive_arrived()
+        return not self._pending
+
+    def _receive_arrived(self, stop_at_flush=False):
+        """One pass over the pending messages, receiving those that have arrived; how many did. With
+        ``stop_at_flush``, the pass ends after the message that makes the round flush."""
+        count = 0
         for key in list(self._pending):
             probed, nbytes = collectives.improbe_bytes(self.comm, key[0], key[1] + self.epoch, self._status)
             if probed is not None:
+                count += 1
                 self.receive(key, probed, nbytes)
-        return not self._pending
+                if stop_at_flush and self._flush:
+                    break
+        return count
 
     def _poll(self, wanted):
         """Receive messages (any that is pending) until every key in ``wanted`` has arrived or the round flushes."""
@@ -441,16 +451,10 @@ class NeighbourRound:
         the neighbour we wait for may be waiting for this core), and after a
         long wait reports the neighbours whose messages have not arrived.
         """
-        found = False
-        for key in list(self._pending):
-            probed, nbytes = collectives.improbe_bytes(self.comm, key[0], key[1] + self.epoch, self._status)
-            if probed is not None:
-                found = True
-                self.receive(key, probed, nbytes)
-                if self._flush:
-                    return False
-        if not found:  # yields the core; reports a neighbour that never sends (config.stall_report)
-            self._watch.idle({k[0] for k in self._pending}, {k[0] for k in self._received})
+        if self._receive_arrived(stop_at_flush=True):
+            return not self._flush
+        # nothing came: yields the core; reports a neighbour that never sends (config.stall_report)
+        self._watch.idle({k[0] for k in self._pending}, {k[0] for k in self._received})
         return True
 
     def collect(self, keys, records=False):

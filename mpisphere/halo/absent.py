@@ -23,6 +23,7 @@ from .. import collectives
 from ..agreement import InputError, NeighbourRound
 from ..agreement.neighbours import DETAILS_TAG, epoch_of
 from ..agreement.stall import call_site
+from ..waiting import WaitLoop
 from .pattern import FROM, RECORD
 
 __all__ = ["SkippedCalls"]
@@ -73,18 +74,20 @@ class SkippedCalls:
         for source, tags in self.sources.items():
             if source not in self._open and any(collectives.arrived(comm, source, tag + epoch) for tag in tags):
                 self._open[source] = _Answer(self, source, epoch, who)
+        self._advance()
+
+    def settle(self):
+        """The agreement has completed: end the answers still open (their neighbours have ended their calls, so
+        only their last messages are on their way)."""
+        WaitLoop().run(self._advance)
+
+    def _advance(self):
+        """Move every open answer on, noting those that end; whether none is left open."""
         for source, answer in list(self._open.items()):
             if answer.progress():
                 del self._open[source]
                 self._note(answer)
-
-    def settle(self):
-        """The agreement has completed: end the answers still open (their neighbours have ended their calls)."""
-        while self._open:
-            for source, answer in list(self._open.items()):
-                if answer.progress():
-                    del self._open[source]
-                    self._note(answer)
+        return not self._open
 
     def _note(self, answer):
         """An answer has ended: the neighbour raised in its call number ``n``; this rank raises at the end of its
@@ -137,7 +140,7 @@ class _Answer:
             return False
         theirs = collectives.receive_object(self.comm, self.source, DETAILS_TAG)
         collectives.waitall([self.sent])
-        self.theirs = theirs[2] if isinstance(theirs, tuple) and len(theirs) > 2 else "a halo call"
+        self.theirs = theirs[2]  # (error text, description, who): NeighbourRound.details
         return True
 
 
