@@ -38,7 +38,7 @@ from mpisphere import ProcessGrid, ReduceScatter, Transpose
 from mpisphere.examples import ShallowWaterSolver
 from mpisphere.operators import AdjointOperator
 from mpisphere.sht.coupling import VectorCoupling
-from mpisphere.sht.fourier import FourierStage, Truncation
+from mpisphere.stages.fourier import FourierStage, Truncation
 from mpisphere.sht.legendre_stage import LegendreStage
 from mpisphere.sht.strategies.base import OwnLatitudeStage
 

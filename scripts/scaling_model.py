@@ -124,7 +124,7 @@ def measure_rates(dtype, rounds=31):
 
     from mpisphere import DistributedRealSHT, ProcessGrid
     from mpisphere.sht import contraction
-    from mpisphere.sht.fourier import FourierStage
+    from mpisphere.stages.fourier import FourierStage
     nlat, nlon, batch = 361, 720, 8
     with ProcessGrid(MPI.COMM_SELF) as grid:
         sht = DistributedRealSHT(grid, nlat, nlon, dtype=dtype)

@@ -22,7 +22,7 @@ def module_name(path):
 
 
 def internal_imports(path):
-    """The mpisphere modules ``path`` imports, as names like ``operators`` or ``sht.pipeline``."""
+    """The mpisphere modules ``path`` imports, as names like ``operators`` or ``stages.pipeline``."""
     name = module_name(path)
     package = name.split(".")[:-1] if path.name != "__init__.py" else name.split(".")
     if name == "__init__":
@@ -88,7 +88,7 @@ def test_no_module_imports_a_module_below_it():
 def test_the_checker_sees_relative_and_absolute_imports(tmp_path):
     """The parser itself: a relative import two levels up and an absolute one are both found."""
     assert "operators" in internal_imports(PACKAGE / "sht" / "transforms.py")
-    assert "sht.pipeline" in internal_imports(PACKAGE / "sht" / "transforms.py")
+    assert "stages.pipeline" in internal_imports(PACKAGE / "sht" / "transforms.py")
     assert "settings" in internal_imports(PACKAGE / "cuda_aware.py")
 
 

@@ -16,7 +16,7 @@ import pytest
 from mpi4py import MPI
 
 from mpisphere.operators import ADJOINT, FORWARD, REPLICATED, Abilities, Layout, Spec
-from mpisphere.sht.pipeline import LocalStage, Pipeline, c_order
+from mpisphere.stages.pipeline import LocalStage, Pipeline, c_order
 
 TRANSPOSED = (1, 0)
 
@@ -211,7 +211,7 @@ def test_a_caller_that_gives_its_input_away_lets_the_first_stage_consume_it():
 
 def test_the_planner_knows_stages_only_by_their_abilities():
     """No isinstance, getattr or hasattr in the pipeline module: a new stage declares, the planner follows."""
-    source = Path(__file__).resolve().parent.parent / "mpisphere" / "sht" / "pipeline.py"
+    source = Path(__file__).resolve().parent.parent / "mpisphere" / "stages" / "pipeline.py"
     calls = {node.func.id for node in ast.walk(ast.parse(source.read_text()))
              if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)}
     assert not calls & {"isinstance", "getattr", "hasattr"}

@@ -38,8 +38,8 @@ from ..halo import HaloExchange
 from ..operators import ADJOINT, DISTRIBUTED, FORWARD, Layout, LinearOperator
 from ..partition import split_sizes
 from ..quadrature import latitudes
-from ..sht.fourier import FourierStage, resolve_fft
-from ..sht.pipeline import LocalStage, Pipeline
+from ..stages.fourier import FourierStage, resolve_fft
+from ..stages.pipeline import LocalStage, Pipeline
 from ..transpose import BufferPool, Transpose
 from ..validation import check_dtype, check_int
 from .bands import apply_band, band_tables

@@ -11,7 +11,7 @@ from typing import Callable, Optional
 class Abilities:
     """What an operator can do as a stage of a pipeline, run in one direction, beyond ``_run(x, out)``.
 
-    A pipeline (:class:`mpisphere.sht.pipeline.Pipeline`) compiles its plan
+    A pipeline (:class:`mpisphere.stages.pipeline.Pipeline`) compiles its plan
     from these declarations alone; it never asks a stage for its class.
     The callables are bound to the direction the abilities were asked for.
 

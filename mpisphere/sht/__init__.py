@@ -1,4 +1,4 @@
-"""Distributed spherical harmonic transforms: tables and kernels without MPI, stages, a pipeline, transforms.
+"""Distributed spherical harmonic transforms: tables and kernels without MPI, transforms built on ``mpisphere.stages``.
 
 ======================  =========================================================
 module                  owns
@@ -6,8 +6,6 @@ module                  owns
 ``orders``, ``costs``   which orders each azimuth rank holds; what a transform costs
 ``tables``              parity-split Legendre tables of one rank's orders
 ``contraction``         the Legendre step's matrix products (per order, batched)
-``pipeline``            the pipeline: a plan compiled from what its stages declare
-``fourier``             the FFT and truncation stages
 ``legendre_stage``      the Legendre contraction as a stage
 ``coupling``            the vector transforms' degree coupling as a stage
 ``transforms``          the public transforms, each a pipeline of stages

@@ -26,14 +26,13 @@ instead of hundreds).
 import numpy
 
 from .. import backend, dtypes
+from ..stages.pipeline import BATCH_INNERMOST
 
 __all__ = ["METHODS", "BATCH_INNERMOST", "holds_columns", "columns_of", "real_columns", "columns_or_copy",
            "analyze", "synthesize", "copy_degrees", "degrees_are_triangular"]
 
 METHODS = ("auto", "per-order", "batched")
 
-# the layout above as a memory order of a transform's logical (B, C, n, m) intermediates: (n, m, C, B)
-BATCH_INNERMOST = (2, 3, 1, 0)
 
 
 def holds_columns(phys):

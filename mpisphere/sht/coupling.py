@@ -7,7 +7,7 @@ import numpy
 from .. import backend
 from ..operators import FORWARD, Abilities, InputError
 from .contraction import BATCH_INNERMOST, holds_columns
-from .pipeline import LocalStage
+from ..stages.pipeline import LocalStage
 
 __all__ = ["VectorCoupling"]
 

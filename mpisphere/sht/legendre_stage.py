@@ -8,7 +8,7 @@ from .. import backend, dtypes
 from ..operators import ADJOINT, FORWARD, Abilities, InputError
 from . import contraction
 from .contraction import BATCH_INNERMOST
-from .pipeline import LocalStage
+from ..stages.pipeline import LocalStage
 
 __all__ = ["LegendreStage"]
 

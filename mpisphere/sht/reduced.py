@@ -33,7 +33,7 @@ import numpy
 
 from ..ring_tiles import RingTiles
 from ..rings import RingGeometry
-from .fourier import Truncation
+from ..stages.fourier import Truncation
 from .orders import order_permutation
 from .ring_fourier import RingFourier, ring_transpose
 from .transforms import Transform

@@ -41,8 +41,8 @@ from .. import backend, dtypes
 from ..operators import FORWARD, InputError
 from ..partition import offsets_of, split_offsets, split_sizes
 from ..transpose import Transpose
-from .fourier import FourierStage
-from .pipeline import LocalStage
+from ..stages.fourier import FourierStage
+from ..stages.pipeline import LocalStage
 
 __all__ = ["RingFourier", "aliased_frequency", "ring_transpose"]
 

@@ -67,8 +67,8 @@ from ..transpose import Transpose
 from ..quadrature import latitudes, rule, truncate_sht
 from . import contraction as kernels
 from . import costs
-from .fourier import FourierStage, Truncation, resolve_fft
-from .pipeline import Pipeline
+from ..stages.fourier import FourierStage, Truncation, resolve_fft
+from ..stages.pipeline import Pipeline
 from .orders import ORDER_LAYOUTS, order_assignment, order_permutation
 from .strategies import MachineModel
 from .strategies.base import LegendreRequest

@@ -30,7 +30,7 @@ import numpy
 from ...operators import FORWARD, InputError
 from ...partition import split_sizes
 from ..orders import order_assignment
-from ..pipeline import LocalStage
+from ...stages.pipeline import LocalStage
 
 __all__ = ["LegendreStrategy", "LegendreRequest", "OwnLatitudeStage", "row_entries", "triangle_entries"]
 

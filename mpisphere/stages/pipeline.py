@@ -48,6 +48,10 @@ def c_order(ndim):
     return tuple(range(ndim))
 
 
+# the memory order of a transform's logical (B, C, n, m) intermediates with the batch innermost: (n, m, C, B)
+BATCH_INNERMOST = (2, 3, 1, 0)
+
+
 @dataclasses.dataclass(frozen=True)
 class Step:
     """One step of a compiled plan.

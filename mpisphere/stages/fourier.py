@@ -16,8 +16,7 @@ import numpy
 from .. import backend, dtypes
 from ..operators import FORWARD, Abilities, InputError
 from ..validation import check_choice
-from .contraction import BATCH_INNERMOST
-from .pipeline import LocalStage
+from .pipeline import BATCH_INNERMOST, LocalStage
 
 __all__ = ["FFT_BACKENDS", "resolve_fft", "FourierStage", "Truncation"]
 
