@@ -12,7 +12,7 @@ the process that launches ``mpiexec``.
 
 import importlib
 
-__version__ = "0.4.1"
+__version__ = "0.4.2"
 
 # public name -> the module (relative to this package) that defines it
 _PUBLIC = {
@@ -24,6 +24,7 @@ _PUBLIC = {
     "unflatten_leading": "partition",
     "ProcessGrid": "grid",
     "LinearOperator": "operators",
+    "ParametrisedOperator": "operators",
     "Layout": "operators",
     "Identity": "operators",
     "Diagonal": "operators",

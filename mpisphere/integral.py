@@ -7,14 +7,14 @@ import numpy
 from . import backend, collectives
 from .agreement import InputError, agree_construction
 from .grid import check_tile
-from .operators import ADJOINT, DISTRIBUTED, FORWARD, REPLICATED, Layout, LinearOperator
+from .operators import ADJOINT, DISTRIBUTED, FORWARD, REPLICATED, Layout, ParametrisedOperator
 from .quadrature import latitudes, rule
 from .validation import check_dtype, check_int
 
 __all__ = ["QuadratureS2"]
 
 
-class QuadratureS2(LinearOperator):
+class QuadratureS2(ParametrisedOperator):
     """The integral over the sphere of each field of distributed tiles, the same on every rank.
 
     ``sum_{i,j} w_i (2 pi / nlon) x[..., i, j]`` over the whole grid.
@@ -35,7 +35,8 @@ class QuadratureS2(LinearOperator):
     ``forward``: ``(..., h, w)`` distributed (this rank's tile) ->
     ``(...)`` replicated (each rank's partial sum, summed over
     ``grid.cart`` by ``Allreduce``). ``adjoint``: ``(...)`` replicated ->
-    ``(..., h, w)``, the value times each point's weight.
+    ``(..., h, w)``, the value times each point's weight. No parameters:
+    ``gradients(x, y_bar)`` is ``(adjoint(y_bar),)``.
     """
 
     def __init__(self, grid, shape, quadrature="equiangular", normalize=False, *, dtype=numpy.float64):
@@ -56,6 +57,7 @@ class QuadratureS2(LinearOperator):
         self.domain = Layout(DISTRIBUTED, grid.cart)
         self.range = Layout(REPLICATED, grid.cart)
         self._comm = grid.cart
+        self._init_parameters()
 
     def _shapes(self, lead):
         return lead + self.tile, lead
@@ -64,7 +66,16 @@ class QuadratureS2(LinearOperator):
         """This rank's row weights ``(h,)``: ``w_i 2 pi / nlon`` (over ``4 pi`` if normalised), on like's device."""
         return backend.on_device_of(like, self._weights, self._device)
 
-    def _output(self, direction, spec):
+    def _check_side(self, spec, side, what):
+        if side == "in":
+            check_tile(self.grid, spec, self.shape, self.dtype, what=what)
+        elif spec.dtype != self.dtype:
+            raise InputError(f"{what}: expected {self.dtype.name}, got {spec.dtype.name}", TypeError)
+
+    def _core_ndim(self, side):
+        return 2 if side == "in" else 0
+
+    def _call_output(self, direction, spec):
         if direction == FORWARD:
             check_tile(self.grid, spec, self.shape, self.dtype)
             return spec.but(shape=spec.shape[:-2]), spec.describe((-2, -1))

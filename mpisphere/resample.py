@@ -20,10 +20,10 @@ import math
 import numpy
 
 from . import backend, collectives
-from .agreement import Call, Context, InputError, Spec, agree_construction, collective
+from .agreement import agree_construction, collective
 from .grid import check_tile
 from .halo import HaloExchange
-from .operators import ADJOINT, DISTRIBUTED, FORWARD, Layout, LinearOperator
+from .operators import ADJOINT, DISTRIBUTED, FORWARD, Layout, ParametrisedOperator
 from .quadrature import latitudes
 from .strided import strided_pieces
 from .validation import check_choice, check_dtype, check_int
@@ -46,7 +46,7 @@ def _lerp_table(points_in, points_out, periodic):
     return left, right, weight
 
 
-class ResampleS2(LinearOperator):
+class ResampleS2(ParametrisedOperator):
     """Bilinear resampling from ``in_shape`` to ``out_shape`` of distributed tiles.
 
     Parameters
@@ -128,6 +128,7 @@ class ResampleS2(LinearOperator):
         self._workspace = backend.Workspace()
         self.domain = self.range = Layout(DISTRIBUTED, grid.cart)
         self._comm = grid.cart
+        self._init_parameters()
 
     def _widths(self, rows, cols):
         """The halo's rows and columns: the furthest any rank's output points read past its own input."""
@@ -166,10 +167,14 @@ class ResampleS2(LinearOperator):
     def _shapes(self, lead):
         return lead + self.tile_in, lead + self.tile_out
 
-    def _output(self, direction, spec):
-        if direction == ADJOINT and not self.linear:
-            raise InputError("bilinear-spherical resampling interpolates angles: it is not linear and has no adjoint\n"
-                             "  fix: ResampleS2.vjp(x, y_bar) gives the adjoint of its derivative at x", TypeError)
+    def _not_linear(self):
+        return ("bilinear-spherical resampling interpolates angles: it is not linear and has no adjoint\n"
+                "  fix: ResampleS2.vjp(x, y_bar) gives the adjoint of its derivative at x")
+
+    def _check_side(self, spec, side, what):
+        check_tile(self.grid, spec, self.in_shape if side == "in" else self.out_shape, self.dtype, what=what)
+
+    def _call_output(self, direction, spec):
         other, whole = (self.tile_out, self.in_shape) if direction == FORWARD else (self.tile_in, self.out_shape)
         check_tile(self.grid, spec, whole, self.dtype)
         return spec.but(shape=tuple(spec.shape[:-2]) + other), spec.describe((-2, -1))
@@ -258,6 +263,18 @@ class ResampleS2(LinearOperator):
             if used:
                 target[:, row] += poles[:, k:k + 1] * (1.0 / n if slopes[k] is None else slopes[k])
 
+    def _gradient_parts(self, x, y_bar, input_gradient, context):
+        if not input_gradient:
+            return None, {}
+        xp = backend.array_module(y_bar)
+        lead = tuple(x.shape[:-2])
+        batch = math.prod(lead)
+        out = xp.empty(lead + self.tile_in, dtype=self.dtype)
+        self._pullback(xp.ascontiguousarray(y_bar).reshape((batch,) + self.tile_out),
+                       xp.ascontiguousarray(x).reshape((batch,) + self.tile_in), out.reshape((batch,) + self.tile_in),
+                       context)
+        return out, {}
+
     @collective
     def vjp(self, x, y_bar):
         """The adjoint of the derivative at ``x`` applied to ``y_bar`` (``adjoint(y_bar)`` when bilinear).
@@ -269,28 +286,10 @@ class ResampleS2(LinearOperator):
 
         Returns
         -------
-        array ``(..., h, w)``: this rank's tile of the input's gradient. Collective over ``grid.cart``.
+        array ``(..., h, w)``: this rank's tile of the input's gradient (``gradients(x, y_bar)[0]``).
+        Collective over ``grid.cart``.
         """
-        call = Call(self.grid.cart, f"{self.name}.vjp")
-        spec_x = spec_y = None
-        with call.local():
-            spec_x, _ = self._output(FORWARD, Spec.of(x))
-            spec_y = Spec.of(y_bar)
-            if self.linear:
-                self._output(ADJOINT, spec_y)
-            elif tuple(spec_y.shape) != tuple(spec_x.shape) or spec_y.dtype != self.dtype:
-                raise InputError(f"y_bar must be the output's shape {tuple(spec_x.shape)} and {self.dtype.name}, got "
-                                 f"{tuple(spec_y.shape)} {spec_y.dtype.name}")
-        call.agree(f"{self._describe()} vjp: x={Spec.of(x).describe((-2, -1))}")
-        context = Context.local(spec_y)
-        xp = backend.array_module(y_bar)
-        lead = tuple(x.shape[:-2])
-        batch = math.prod(lead)
-        out = xp.empty(lead + self.tile_in, dtype=self.dtype)
-        self._pullback(xp.ascontiguousarray(y_bar).reshape((batch,) + self.tile_out),
-                       xp.ascontiguousarray(x).reshape((batch,) + self.tile_in), out.reshape((batch,) + self.tile_in),
-                       context)
-        return out
+        return self.gradients(x, y_bar)[0]
 
 
 class _Stencil:

@@ -17,11 +17,10 @@ import math
 import numpy
 
 from . import backend, collectives, dtypes
-from .agreement import Call, Context, InputError, Spec, agree_construction, collective
-from .agreement.description import describe_parameter
+from .agreement import agree_construction
 from .grid import check_tile
 from .integral import QuadratureS2
-from .operators import ADJOINT, DISTRIBUTED, FORWARD, Layout, LinearOperator
+from .operators import ADJOINT, DISTRIBUTED, FORWARD, Layout, ParametrisedOperator
 from .quadrature import truncate_sht
 from .sht import DistributedInverseRealSHT, DistributedRealSHT
 from .validation import check_dtype, check_int
@@ -36,7 +35,7 @@ def spectral_truncation(in_shape, out_shape, quadrature_in="equiangular", quadra
     return min(lmax_in, lmax_out, mmax_in, mmax_out)
 
 
-class SpectralConvS2(LinearOperator):
+class SpectralConvS2(ParametrisedOperator):
     """Spectral convolution of distributed tiles: the inverse SHT of the weights times the SHT plus bias.
 
     ``inverse_sht(W * (sht(x) + I(x) bias))``, ``W`` per degree.
@@ -59,9 +58,14 @@ class SpectralConvS2(LinearOperator):
     Notes
     -----
     ``forward``: ``(..., in_channels, h, w)`` -> ``(..., out_channels, h', w')``,
-    this rank's tiles; ``adjoint``: the exact adjoint. Collective over
+    this rank's tiles; ``adjoint``: the exact adjoint. ``gradients(x,
+    y_bar)`` gives ``(x_bar, weight_bar, bias_bar)``, the parameters'
+    whole-sphere gradients the same on every rank
+    (:class:`~mpisphere.operators.ParametrisedOperator`). Collective over
     ``grid.cart``; construction too.
     """
+
+    parameter_names = ("weight", "bias")
 
     def __init__(self, grid, in_shape, out_shape, weight, *, bias=None, quadrature_in="equiangular",
                  quadrature_out="equiangular", dtype=numpy.float64):
@@ -79,8 +83,7 @@ class SpectralConvS2(LinearOperator):
         self.quadrature = QuadratureS2(grid, self.in_shape, quadrature_in, dtype=self.dtype)
         self.degrees = numpy.asarray(self.sht.local_degrees)
         self.orders = numpy.asarray(self.sht.local_orders)
-        self.weight = weight
-        self.bias = bias
+        self._init_parameters(weight=weight, bias=bias)
         self.domain = self.range = Layout(DISTRIBUTED, grid.cart)
         self._comm = grid.cart
         self._workspace = backend.Workspace()
@@ -90,43 +93,44 @@ class SpectralConvS2(LinearOperator):
     @property
     def weight(self):
         """``(groups, in_channels // groups, out_channels // groups, lmax)`` complex, the same on every rank."""
-        return self._weight
+        return self._parameter_values["weight"]
 
     @weight.setter
     def weight(self, value):
-        host = backend.to_host(value)
-        if host.ndim != 4 or host.shape[3] != self.lmax:
-            raise ValueError(f"{self.name}: weight must be (groups, in_channels // groups, out_channels // groups, "
-                             f"lmax={self.lmax}), got shape {host.shape}")
-        self._weight = numpy.array(host, dtype=self.cdtype)
-        self.groups, cg, og, _ = host.shape
-        self.in_channels, self.out_channels = self.groups * cg, self.groups * og
-        self._local_weight = numpy.ascontiguousarray(self._weight[..., self.degrees])
-        self._weight_text = describe_parameter(self._weight)
-        self._device = {}
+        self.set_parameters(weight=value)
 
     @property
     def bias(self):
         """``(1, in_channels, lmax, lmax)`` complex or None, the same on every rank."""
-        return self._bias
+        return self._parameter_values["bias"]
 
     @bias.setter
     def bias(self, value):
-        if value is None:
-            self._bias, self._local_bias, self._bias_text = None, None, "None"
-            return
-        host = backend.to_host(value)
-        if host.shape != (1, self.in_channels, self.lmax, self.lmax):
-            raise ValueError(f"{self.name}: bias must be (1, in_channels={self.in_channels}, lmax={self.lmax}, "
-                             f"lmax={self.lmax}), got shape {host.shape}")
-        self._bias = numpy.array(host, dtype=self.cdtype)
-        self._local_bias = numpy.ascontiguousarray(self._bias[0][:, self.degrees][:, :, self.orders])
-        self._bias_text = describe_parameter(self._bias)
+        self.set_parameters(bias=value)
+
+    def _prepare_parameters(self, values):
+        host = values["weight"]
+        if host is None or host.ndim != 4 or host.shape[3] != self.lmax:
+            raise ValueError(f"{self.name}: weight must be (groups, in_channels // groups, out_channels // groups, "
+                             f"lmax={self.lmax}), got {'None' if host is None else f'shape {host.shape}'}")
+        weight = numpy.array(host, dtype=self.cdtype)
+        self.groups, cg, og, _ = host.shape
+        self.in_channels, self.out_channels = self.groups * cg, self.groups * og
+        self._local_weight = numpy.ascontiguousarray(weight[..., self.degrees])
+        self._device = {}
+        bias, self._local_bias = values["bias"], None
+        if bias is not None:
+            if bias.shape != (1, self.in_channels, self.lmax, self.lmax):
+                raise ValueError(f"{self.name}: bias must be (1, in_channels={self.in_channels}, lmax={self.lmax}, "
+                                 f"lmax={self.lmax}) or None, got shape {bias.shape}")
+            bias = numpy.array(bias, dtype=self.cdtype)
+            self._local_bias = numpy.ascontiguousarray(bias[0][:, self.degrees][:, :, self.orders])
         self._device_bias = {}
+        return {"weight": weight, "bias": bias}
 
     def _parameters(self, like):
         weight = backend.on_device_of(like, self._local_weight, self._device)
-        bias = None if self._bias is None else backend.on_device_of(like, self._local_bias, self._device_bias)
+        bias = None if self._local_bias is None else backend.on_device_of(like, self._local_bias, self._device_bias)
         return weight, bias
 
     # --- shapes and checks -----------------------------------------------------------------------
@@ -138,16 +142,19 @@ class SpectralConvS2(LinearOperator):
         side_in, side_out = self._sides()
         return lead + side_in, lead + side_out
 
-    def _check(self, spec, side, whole, what):
-        check_tile(self.grid, spec, whole, self.dtype, side[0], what)
+    def _check_side(self, spec, side, what):
+        channels, whole = (self.in_channels, self.in_shape) if side == "in" else (self.out_channels, self.out_shape)
+        check_tile(self.grid, spec, whole, self.dtype, channels, what)
 
-    def _output(self, direction, spec):
-        (side_in, side_out), (whole_in, whole_out) = self._sides(), (self.in_shape, self.out_shape)
+    def _core_ndim(self, side):
+        return 3
+
+    def _call_output(self, direction, spec):
+        side_in, side_out = self._sides()
         if direction == ADJOINT:
-            side_in, side_out, whole_in, whole_out = side_out, side_in, whole_out, whole_in
-        self._check(spec, side_in, whole_in, "input")
-        return (spec.but(shape=spec.shape[:-3] + side_out),
-                f"input={spec.describe((-2, -1))}, weight={self._weight_text}, bias={self._bias_text}")
+            side_in, side_out = side_out, side_in
+        self._check_side(spec, "in" if direction == FORWARD else "out", "input")
+        return spec.but(shape=spec.shape[:-3] + side_out), f"input={spec.describe((-2, -1))}"
 
     # --- the call --------------------------------------------------------------------------------
 
@@ -211,41 +218,8 @@ class SpectralConvS2(LinearOperator):
             self._mix(ADJOINT, spectrum_out, spectrum_in, weight)
             self._adjoint_into(spectrum_in, out, context)
 
-    @collective
-    def gradients(self, x, y_bar, input_gradient=True):
-        """The gradients of ``<y_bar, forward(x)>``: input, weight and bias (torch-harmonics' conventions).
-
-        Parameters
-        ----------
-        x : array, ``(..., in_channels, *tile_in)``
-        y_bar : array, ``(..., out_channels, *tile_out)``
-        input_gradient : bool
-            Also return ``adjoint(y_bar)``.
-
-        Returns
-        -------
-        x_bar : array or None
-        weight_bar : numpy.ndarray, complex, ``weight.shape``
-            ``dL/dRe W + i dL/dIm W`` (PyTorch's gradient of a complex
-            parameter), summed over the grid: the same on every rank.
-        bias_bar : numpy.ndarray or None
-            Likewise for the bias.
-        """
-        who = f"{self.name}.gradients"
-        call = Call(self.grid.cart, who)
-        spec_x = None
-        with call.local():
-            spec_x, spec_y = Spec.of(x), Spec.of(y_bar)
-            side_in, side_out = self._sides()
-            self._check(spec_x, side_in, self.in_shape, "x")
-            self._check(spec_y, side_out, self.out_shape, "y_bar")
-            if tuple(spec_y.shape[:-3]) != tuple(spec_x.shape[:-3]):
-                raise InputError(f"x and y_bar have different leading axes: {spec_x.shape[:-3]} and "
-                                 f"{spec_y.shape[:-3]}")
-        call.agree(f"{self._describe()} gradients: input_gradient={bool(input_gradient)}, "
-                   f"x={spec_x.describe((-2, -1)) if spec_x is not None else None}, weight={self._weight_text}, "
-                   f"bias={self._bias_text}")
-        context = Context.local(spec_x)
+    def _gradient_parts(self, x, y_bar, input_gradient, context):
+        """The input's gradient and this rank's parts of the weight's and the bias's (see ``gradients``)."""
         xp = backend.array_module(x)
         lead = tuple(x.shape[:-3])
         weight, bias = self._parameters(x)
@@ -255,27 +229,19 @@ class SpectralConvS2(LinearOperator):
         options = {"optimize": True} if xp is numpy else {}
         local = xp.einsum("...gilm,...golm->giol", self._grouped(spectrum_in, self.in_channels).conj(),
                           self._grouped(spectrum_out, self.out_channels), **options)
-        weight_bar = numpy.zeros(self._weight.shape, dtype=self.cdtype)
-        weight_bar[..., self.degrees] = backend.to_host(local)
-        parts = [weight_bar]
-        x_bar, bias_bar = None, None
+        parts = {"weight": numpy.zeros(self.weight.shape, dtype=self.cdtype)}
+        parts["weight"][..., self.degrees] = backend.to_host(local)
+        x_bar = None
         if bias is not None or input_gradient:
             self._mix(ADJOINT, spectrum_out, spectrum_in, weight)   # the cotangent of the contraction's input
         if bias is not None:
             integral = self._integral(x, context)
             local_bias = (integral[..., None, None] * spectrum_in).reshape((-1, self.in_channels)
                                                                              + spectrum_in.shape[-2:]).sum(axis=0)
-            bias_bar = numpy.zeros(self._bias.shape, dtype=self.cdtype)
+            parts["bias"] = numpy.zeros(self.bias.shape, dtype=self.cdtype)
             rows = numpy.ix_(numpy.arange(self.in_channels), self.degrees, self.orders)
-            bias_bar[0][rows] = backend.to_host(local_bias)
-            parts.append(bias_bar)
+            parts["bias"][0][rows] = backend.to_host(local_bias)
         if input_gradient:
             x_bar = xp.empty(lead + self._sides()[0], dtype=self.dtype)
             self._adjoint_into(spectrum_in, x_bar, context)
-        flat = numpy.concatenate([p.reshape(-1) for p in parts])
-        total = numpy.empty_like(flat)
-        collectives.allreduce(self.grid.cart, flat, total)
-        weight_bar = total[:weight_bar.size].reshape(weight_bar.shape)
-        if bias_bar is not None:
-            bias_bar = total[weight_bar.size:].reshape(bias_bar.shape)
-        return x_bar, weight_bar, bias_bar
+        return x_bar, parts

@@ -55,7 +55,6 @@ import numpy
 import torch
 
 from .agreement import Call
-from .agreement.description import describe_parameter
 from .disco import DiscoConvS2, DiscoConvTransposeS2, filter_basis
 from .integral import QuadratureS2
 from .operators import FORWARD
@@ -329,13 +328,13 @@ class _Layer(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, layer, recorded, *parameters):
         ctx.layer = layer
-        ctx.save_for_backward(x)
+        ctx.save_for_backward(x, *parameters)
         return layer._run_forward(x, parameters, recorded)
 
     @staticmethod
     def backward(ctx, grad):
-        (x,) = ctx.saved_tensors
-        grads = ctx.layer._run_backward(x, grad.contiguous(), ctx.needs_input_grad[0])
+        x, *parameters = ctx.saved_tensors
+        grads = ctx.layer._run_backward(x, parameters, grad.contiguous(), ctx.needs_input_grad[0])
         return (grads[0], None, None) + tuple(grads[1:])
 
 
@@ -367,11 +366,36 @@ class _ParametrisedLayer(torch.nn.Module):
         return recorded
 
     def _apply_layer(self, x, parameters):
+        """``parameters``: the module's tensors, in the order of its operator's ``parameter_names`` (None skipped)."""
         return _Layer.apply(x, self, self._recorded(x, parameters), *parameters)
+
+    def _operator_for(self, x, parameters):
+        """The operator of ``x``'s dtype, given this call's parameter values by their names (None: not set)."""
+        op = self._ops(x.dtype)
+        values = iter(parameters)
+        op.set_parameters(**{name: None if getattr(self, attribute) is None else as_array(next(values))
+                             for name, attribute in zip(op.parameter_names, self._parameter_attributes)})
+        return op
+
+    def _run_forward(self, x, parameters, recorded):
+        op = self._operator_for(x, parameters)
+        return as_tensor(op._apply(FORWARD, as_array(x), None, purpose=RECORDED if recorded else ""))
+
+    def _run_backward(self, x, parameters, grad, input_gradient):
+        # the forward's values again: the operator may have served another call of the module since
+        found = self._operator_for(x, parameters).gradients(as_array(x), as_array(grad), input_gradient=input_gradient)
+        x_bar = found[0]
+        grads = [None if x_bar is None else as_tensor(x_bar)]
+        for attribute, g in zip(self._parameter_attributes, found[1:]):
+            tensor = getattr(self, attribute)
+            if tensor is not None:
+                grads.append(torch.from_numpy(g).to(grad.device, tensor.dtype))
+        return grads
 
 
 class _DiscoLayer(_ParametrisedLayer):
     _operator = None
+    _parameter_attributes = ("weight", "bias")
 
     def __init__(self, in_channels, out_channels, in_shape, out_shape, kernel_shape, basis_type="piecewise linear",
                  basis_norm_mode="nodal", groups=1, grid_in="equiangular", grid_out="equiangular", bias=True,
@@ -424,25 +448,6 @@ class _DiscoLayer(_ParametrisedLayer):
         parameters = (self.weight,) if self.bias is None else (self.weight, self.bias)
         return self._apply_layer(x, parameters)
 
-    def _run_forward(self, x, parameters, recorded):
-        op = self._ops(x.dtype)
-        op.weight = as_array(parameters[0])
-        op.agree_also = "bias=" + ("None" if len(parameters) == 1 else describe_parameter(as_array(parameters[1])))
-        y = op._apply(FORWARD, as_array(x), None, purpose=RECORDED if recorded else "")
-        if len(parameters) > 1:
-            y += as_array(parameters[1]).astype(y.dtype)[:, None, None]
-        return as_tensor(y)
-
-    def _run_backward(self, x, grad, input_gradient):
-        op = self._ops(x.dtype)
-        found = op.gradients(as_array(x), as_array(grad), input_gradient=input_gradient,
-                             bias_gradient=self.bias is not None)
-        x_bar, w_bar = found[:2]
-        dtype = self.weight.dtype
-        grads = [None if x_bar is None else as_tensor(x_bar), torch.from_numpy(w_bar).to(grad.device, dtype)]
-        if self.bias is not None:
-            grads.append(torch.from_numpy(found[2]).to(grad.device, self.bias.dtype))
-        return grads
 
 
 class DistributedDiscreteContinuousConvS2(_DiscoLayer):
@@ -464,6 +469,8 @@ class DistributedSpectralConvS2(_ParametrisedLayer):
     num_groups, lmax)`` and ``spectral_bias`` ``(1, in_channels, lmax, mmax)``,
     complex, whole on every rank (the serial ``SpectralConvS2``'s shapes).
     """
+
+    _parameter_attributes = ("weight", "spectral_bias")
 
     def __init__(self, in_shape, out_shape, in_channels, out_channels, num_groups=1, grid_in="equiangular",
                  grid_out="equiangular", bias=False, *, process_grid=None):
@@ -489,28 +496,12 @@ class DistributedSpectralConvS2(_ParametrisedLayer):
         scale = math.sqrt(1.0 / (in_channels // num_groups)) * torch.ones(self.lmax, dtype=torch.complex64)
         scale[0] *= math.sqrt(2.0)
         self.weight = torch.nn.Parameter(scale * torch.randn(*shape, dtype=torch.complex64))
-        if bias:
-            self.spectral_bias = torch.nn.Parameter(torch.zeros(1, in_channels, self.lmax, self.mmax,
-                                                                dtype=torch.complex64))
+        self.spectral_bias = torch.nn.Parameter(torch.zeros(1, in_channels, self.lmax, self.mmax,
+                                                            dtype=torch.complex64)) if bias else None
         self._share_initial_parameters()
 
     def forward(self, x):
         """``(batch, in_channels, h, w)`` tile -> ``(batch, out_channels, h', w')`` tile."""
-        bias = getattr(self, "spectral_bias", None)
-        parameters = (self.weight,) if bias is None else (self.weight, bias)
+        parameters = (self.weight,) if self.spectral_bias is None else (self.weight, self.spectral_bias)
         return self._apply_layer(x, parameters)
 
-    def _run_forward(self, x, parameters, recorded):
-        op = self._ops(x.dtype)
-        op.weight = as_array(parameters[0])
-        op.bias = None if len(parameters) == 1 else as_array(parameters[1])
-        return as_tensor(op._apply(FORWARD, as_array(x), None, purpose=RECORDED if recorded else ""))
-
-    def _run_backward(self, x, grad, input_gradient):
-        op = self._ops(x.dtype)
-        x_bar, w_bar, b_bar = op.gradients(as_array(x), as_array(grad), input_gradient=input_gradient)
-        dtype = self.weight.dtype
-        grads = [None if x_bar is None else as_tensor(x_bar), torch.from_numpy(w_bar).to(grad.device, dtype)]
-        if b_bar is not None:
-            grads.append(torch.from_numpy(b_bar).to(grad.device, dtype))
-        return grads

@@ -769,6 +769,15 @@ def disco_weight_on_the_last_rank(comm, grid, me):
     conv.forward(numpy.zeros((1, 2) + grid.local_shape(NLAT, 2 * NLON)))
 
 
+def disco_bias_in_the_gradients_on_the_last_rank(comm, grid, me):
+    """The last rank's bias differs, seen by the gradients (the bias is a parameter the ranks compare)."""
+    from mpisphere import DiscoConvS2
+    conv = DiscoConvS2(grid, (NLAT, 2 * NLON), (NLAT, 2 * NLON), (3,), numpy.ones((2, 2, 2)), bias=numpy.zeros(2))
+    conv.set_parameters(bias=numpy.full(2, 2.0 if _is_last(comm, me) else 1.0))
+    x = numpy.zeros((1, 2) + grid.local_shape(NLAT, 2 * NLON))
+    conv.gradients(x, x)
+
+
 def spectral_convolution_whole_field_on_the_last_rank(comm, grid, me):
     """The last rank passes the whole field where its tile belongs."""
     from mpisphere import SpectralConvS2
@@ -858,7 +867,8 @@ def disco_nan_on_the_last_rank(comm, grid, me):
 
 CASES = [chunk_width, batch_gather_from, batch_reduce_from, batch_transpose, batch_halo, batch_sht,
          dtype_gather_from, dtype_copy_to_adjoint, out_shape, out_dtype, out_read_only, other_operator,
-         disco_tile_on_the_last_rank, disco_weight_on_the_last_rank, spectral_convolution_whole_field_on_the_last_rank,
+         disco_tile_on_the_last_rank, disco_weight_on_the_last_rank, disco_bias_in_the_gradients_on_the_last_rank,
+         spectral_convolution_whole_field_on_the_last_rank,
          resample_dtype_on_the_last_rank, machine_model_missing_on_the_last_rank, machine_model_missing_on_rank_0,
          other_extent, sht_lmax, halo_wider_than_neighbour, halo_tile_widths, grid_dims, grid_invalid_dims,
          debug_on_one_rank, two_threads_on_one_grid,

@@ -94,7 +94,7 @@ def check_against_the_dense_reference(grid, op, weight, pair, rng):
     y_bar = rng.standard_normal((2, 6) + pair[1])
     expected, expansion = reference(op, weight, x)
     y = grid.gather(op.forward(grid.scatter(x)))
-    x_bar, w_bar = op.gradients(grid.scatter(x), grid.scatter(y_bar))
+    x_bar, w_bar, _ = op.gradients(grid.scatter(x), grid.scatter(y_bar))
     adjoint = grid.gather(op.adjoint(grid.scatter(y_bar)))
     x_bar = grid.gather(x_bar)
     g = op.groups
@@ -137,19 +137,33 @@ def test_float32_and_a_batch_of_no_leading_axes(grid, rng):
     assert numpy.abs(y32 - y64).max() <= 1e-5 * max(numpy.abs(y64).max(), 1.0)
 
 
-def test_a_bias_gradient_comes_with_the_weights_one(grid, rng):
+def test_a_bias_is_a_parameter_added_per_channel_with_its_gradient_in_the_one_sum(grid, rng):
+    """The bias is a declared parameter: the forward adds it per output channel, ``gradients`` returns its
+    whole-sphere gradient (``y_bar`` summed over batch and sphere) beside the weights', and the map, now affine,
+    refuses an adjoint on every rank."""
     op, weight = build(grid, PAIRS[1], BASES[0], rng)
+    bias = rng.standard_normal(6)
+    with_bias = DiscoConvS2(grid, PAIRS[1][0], PAIRS[1][1], BASES[0][0], weight, bias=bias)
     x = rng.standard_normal((2, 4) + PAIRS[1][0])
     y_bar = rng.standard_normal((2, 6) + PAIRS[1][1])
-    x_bar, w_bar, b_bar = op.gradients(grid.scatter(x), grid.scatter(y_bar), input_gradient=False,
-                                       bias_gradient=True)
-    assert x_bar is None
+    plain = grid.gather(op.forward(grid.scatter(x)))
+    shifted = grid.gather(with_bias.forward(grid.scatter(x)))
+    x_bar, w_bar, b_bar = with_bias.gradients(grid.scatter(x), grid.scatter(y_bar), input_gradient=False)
+    assert x_bar is None and op.gradients(grid.scatter(x), grid.scatter(y_bar))[2] is None
+    numpy.testing.assert_array_equal(numpy.array(grid.cart.allgather(b_bar)), numpy.array([b_bar] * grid.size))
+    if grid.rank == 0:
+        # the same terms in both, then one addition of the bias: a bound on the sum's rounding
+        assert numpy.abs(shifted - plain - bias[None, :, None, None]).max() <= 1e-15 * (
+            numpy.abs(plain).max() + numpy.abs(bias).max())
+        b_expected = y_bar.sum(axis=(0, 2, 3))
+        assert numpy.abs(b_bar - b_expected).max() <= 1e-15 * numpy.abs(y_bar).sum()
     _, expansion = reference(op, weight, x)
     w_expected = numpy.einsum("boxy,bckxy->ock", y_bar, expansion)
     w_bound = 1e-13 * numpy.einsum("boxy,bckxy->ock", numpy.abs(y_bar), numpy.abs(expansion)).max()
     assert numpy.abs(w_bar - w_expected).max() <= w_bound
-    # the sum over the whole sphere and the batch per channel, within the rounding of its absolute terms
-    assert numpy.abs(b_bar - y_bar.sum(axis=(0, 2, 3))).max() <= 1e-13 * numpy.abs(y_bar).sum()
+    assert not with_bias.linear and op.linear
+    with raises(TypeError, match="not linear in its input here and has no adjoint"):
+        with_bias.adjoint(grid.scatter(y_bar))
 
 
 def test_the_weights_can_change_between_calls(grid, rng):
@@ -226,7 +240,7 @@ def test_fewer_fields_than_azimuth_ranks(grid, transposed, rng):
     y_bar = rng.standard_normal((1,) + pair[1])
     expected, _ = reference(op, weight, x[None])
     y = grid.gather(op.forward(grid.scatter(x)))
-    x_bar, w_bar = op.gradients(grid.scatter(x), grid.scatter(y_bar))
+    x_bar, w_bar, _ = op.gradients(grid.scatter(x), grid.scatter(y_bar))
     adjoint = grid.gather(op.adjoint(grid.scatter(y_bar)))
     x_bar = grid.gather(x_bar)
     if grid.rank == 0:

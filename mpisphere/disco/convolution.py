@@ -16,7 +16,7 @@ covers whole rings, costs no more than elsewhere. The stages of one call::
 
 The contraction never holds the expansion over the basis functions of the
 whole batch: one basis function at a time is expanded and contracted with
-the weights. Bias is not part of the (linear) operator.
+the weights. A bias (a declared parameter) is added per output channel after the stages.
 
 Why the FFT rather than the sparse ``psi`` of torch-harmonics: the sparse
 form visits every entry once per output longitude (near the poles a whole
@@ -29,13 +29,12 @@ import math
 
 import numpy
 
-from .. import backend, collectives, dtypes
-from ..agreement import Call, Context, InputError, Spec, agree_construction, collective
-from ..agreement.description import describe_parameter
+from .. import backend, dtypes
+from ..agreement import InputError, Spec, agree_construction
 from ..geometry import polar_halo_radius
 from ..grid import check_finite, check_tile
 from ..halo import HaloExchange
-from ..operators import ADJOINT, DISTRIBUTED, FORWARD, Layout, LinearOperator
+from ..operators import ADJOINT, DISTRIBUTED, FORWARD, Layout, ParametrisedOperator
 from ..partition import split_sizes
 from ..quadrature import latitudes
 from ..stages.fourier import FourierStage, resolve_fft
@@ -130,16 +129,17 @@ def _widest_cutoff(grid, theta_in, theta_out, cutoff):
     return math.floor(lo * 1e6) / 1e6   # printed with 6 decimals: rounded down, so the value named is served
 
 
-class _DiscoBase(LinearOperator):
+class _DiscoBase(ParametrisedOperator):
     """What the convolution and its transpose share: geometry, tables, halo, pipelines, the call."""
 
+    parameter_names = ("weight", "bias")
     _transposed = False
     block_bytes = 1 << 20
     """Host arrays: the bytes of a row block's expansion (sized for the cache; tests make it tiny)."""
 
     def __init__(self, grid, in_shape, out_shape, kernel_shape, weight, *, basis_type="piecewise linear",
                  basis_norm_mode="nodal", groups=1, quadrature_in="equiangular", quadrature_out="equiangular",
-                 theta_cutoff=None, dtype=numpy.float64, fft="auto"):
+                 theta_cutoff=None, bias=None, dtype=numpy.float64, fft="auto"):
         who = self.name
         agree_construction(self, grid.cart, who=who)
         self.grid = grid
@@ -166,7 +166,7 @@ class _DiscoBase(LinearOperator):
         self.theta_cutoff = default_theta_cutoff(*coarse) if theta_cutoff is None else float(theta_cutoff)
         if not self.theta_cutoff > 0:
             raise ValueError(f"{who}: theta_cutoff must be positive, got {theta_cutoff!r}")
-        self.weight = weight
+        self._init_parameters(weight=weight, bias=bias)
         theta_in, _ = latitudes(nlat_in, quadrature_in)
         theta_out, _ = latitudes(nlat_out, quadrature_out)
         try:
@@ -202,38 +202,60 @@ class _DiscoBase(LinearOperator):
                                  lat_in.start - self.halo_rows, self.source_rows, self.nfft, self.orders,
                                  self._transposed, self.cdtype)
         self.fft = resolve_fft(fft)
-        self.agree_also = ""
         self._pipelines = backend.BoundedCache(4)
         self._exchange_buffers = BufferPool()
         self._workspace = backend.Workspace()
 
-    # --- the weights -----------------------------------------------------------------------------
+    # --- the parameters --------------------------------------------------------------------------
 
     @property
     def weight(self):
-        """``(out_channels, in_channels // groups, kernel_size)``, the same on every rank."""
-        return self._weight
+        """``(out_channels, in_channels // groups, kernel_size)``, the same on every rank; settable."""
+        return self._parameter_values["weight"]
 
     @weight.setter
     def weight(self, value):
-        host = backend.to_host(value)
-        if host.ndim != 3 or host.shape[2] != self.basis.kernel_size or host.shape[0] % self.groups:
+        self.set_parameters(weight=value)
+
+    @property
+    def bias(self):
+        """``(out_channels,)`` or None: added to every point of each output channel; settable."""
+        return self._parameter_values["bias"]
+
+    @bias.setter
+    def bias(self, value):
+        self.set_parameters(bias=value)
+
+    @property
+    def linear(self):
+        """False with a bias: the map is then affine, with no adjoint (``gradients`` serves the backward)."""
+        return self._parameter_values["bias"] is None
+
+    def _prepare_parameters(self, values):
+        host = values["weight"]
+        if host is None or host.ndim != 3 or host.shape[2] != self.basis.kernel_size or host.shape[0] % self.groups:
             raise ValueError(f"{self.name}: weight must be (out_channels, in_channels // groups, kernel_size="
                              f"{self.basis.kernel_size}) with out_channels a multiple of groups={self.groups}, "
-                             f"got shape {host.shape}")
-        self._weight = numpy.array(host, dtype=self.dtype)
+                             f"got {'None' if host is None else f'shape {host.shape}'}")
+        weight = numpy.array(host, dtype=self.dtype)
+        bias = values["bias"]
+        if bias is not None:
+            if bias.shape != (host.shape[0],):
+                raise ValueError(f"{self.name}: bias must be (out_channels={host.shape[0]},) or None, got shape "
+                                 f"{bias.shape}")
+            bias = numpy.array(bias, dtype=self.dtype)
         self.out_channels = host.shape[0]
         self.in_channels = host.shape[1] * self.groups
         g, og, cg, K = self.groups, self.out_channels // self.groups, host.shape[1], self.basis.kernel_size
-        per_kernel = self._weight.reshape(g, og, cg, K).transpose(0, 3, 1, 2)   # (g, K, og, cg)
+        per_kernel = weight.reshape(g, og, cg, K).transpose(0, 3, 1, 2)   # (g, K, og, cg)
         mixing = []
-        for m in (per_kernel, per_kernel.swapaxes(-1, -2)):                     # forward, adjoint: (g, K, b, a)
+        for m in (per_kernel, per_kernel.swapaxes(-1, -2)):                # forward, adjoint: (g, K, b, a)
             b, a = m.shape[2:]
             mixing += [numpy.ascontiguousarray(m.transpose(0, 2, 1, 3).reshape(g, b, K * a)),  # flat (g, b, K a)
                        numpy.ascontiguousarray(m.reshape(g, K * b, a))]                        # stacked (g, K b, a)
         self._mixing = tuple(mixing)
-        self._weight_text = describe_parameter(self._weight)
-        self._device_weights = {}
+        self._device_weights, self._device_bias = {}, {}
+        return {"weight": weight, "bias": bias}
 
     def _mixers(self, like, direction):
         """``(flat, stacked)``: ``direction``'s weights (a -> b channels) as ``(g, b, K a)`` and ``(g, K b, a)``."""
@@ -249,18 +271,19 @@ class _DiscoBase(LinearOperator):
         side_in, side_out = self._sides()
         return lead + side_in, lead + side_out
 
-    def _check(self, spec, side, whole, what):
-        check_tile(self.grid, spec, whole, self.dtype, side[0], what)
+    def _check_side(self, spec, side, what):
+        channels, whole = (self.in_channels, self.in_shape) if side == "in" else (self.out_channels, self.out_shape)
+        check_tile(self.grid, spec, whole, self.dtype, channels, what)
 
-    def _output(self, direction, spec):
+    def _core_ndim(self, side):
+        return 3
+
+    def _call_output(self, direction, spec):
         side_in, side_out = self._sides()
-        whole_in, whole_out = self.in_shape, self.out_shape
         if direction == ADJOINT:
-            side_in, side_out, whole_in, whole_out = side_out, side_in, whole_out, whole_in
-        self._check(spec, side_in, whole_in, "input")
-        also = f", {self.agree_also}" if self.agree_also else ""
-        return spec.but(shape=spec.shape[:-3] + side_out), \
-            f"input={spec.describe((-2, -1))}, weight={self._weight_text}{also}"
+            side_in, side_out = side_out, side_in
+        self._check_side(spec, "in" if direction == FORWARD else "out", "input")
+        return spec.but(shape=spec.shape[:-3] + side_out), f"input={spec.describe((-2, -1))}"
 
     def _check_values(self, direction, x):
         check_finite(self.grid, x, self.out_shape if direction == ADJOINT else self.in_shape,
@@ -442,60 +465,22 @@ class _DiscoBase(LinearOperator):
             self._back(ADJOINT, xb, spectrum_out, batch, context)
             self._contract(ADJOINT, spectrum_out, spectrum_in, batch)
             self._front_adjoint(spectrum_in, batch, target, context)
+        if direction == FORWARD and self.bias is not None:
+            bias = backend.on_device_of(target, self.bias, self._device_bias)
+            target.reshape((batch, self.out_channels, -1))[...] += bias[:, None]
         if not direct:
             out[...] = target.reshape(out.shape)
 
     # --- gradients -------------------------------------------------------------------------------
 
-    @collective
-    def gradients(self, x, y_bar, input_gradient=True, bias_gradient=False):
-        """The gradients of ``<y_bar, forward(x)>``: with respect to ``x`` and to the weights (and a bias).
+    def _check_gradient_values(self, x, y_bar):
+        check_finite(self.grid, x, self.in_shape, "x")
+        check_finite(self.grid, y_bar, self.out_shape, "y_bar")
 
-        Parameters
-        ----------
-        x : array, ``(..., in_channels, *tile_in)``
-            This rank's input tile (what ``forward`` took).
-        y_bar : array, ``(..., out_channels, *tile_out)``
-            The output's cotangent, this rank's tile.
-        input_gradient : bool
-            Also return ``adjoint(y_bar)`` (computed in the same pass).
-        bias_gradient : bool
-            Also return the gradient of a bias added per output channel
-            (``y_bar`` summed over everything but the channels and the grid),
-            summed over the ranks with the weights' gradient.
-
-        Returns
-        -------
-        x_bar : array or None
-            ``adjoint(y_bar)``, this rank's tile.
-        weight_bar : numpy.ndarray, ``weight.shape``
-            The whole-sphere gradient, the same on every rank (summed over
-            the grid).
-        bias_bar : numpy.ndarray, ``(out_channels,)``
-            With ``bias_gradient`` only: the whole-sphere gradient of a bias.
-
-        Notes
-        -----
-        Collective over ``grid.cart``.
-        """
-        who = f"{self.name}.gradients"
-        call = Call(self.grid.cart, who)
-        lead = None
-        with call.local():
-            spec_x, spec_y = Spec.of(x), Spec.of(y_bar)
-            side_in, side_out = self._sides()
-            self._check(spec_x, side_in, self.in_shape, "x")
-            self._check(spec_y, side_out, self.out_shape, "y_bar")
-            lead = spec_x.shape[:-3]
-            if tuple(spec_y.shape[:-3]) != tuple(lead):
-                raise InputError(f"x and y_bar have different leading axes: {lead} and {spec_y.shape[:-3]}")
-            check_finite(self.grid, x, self.in_shape, "x")
-            check_finite(self.grid, y_bar, self.out_shape, "y_bar")
-        call.agree(f"{self._describe()} gradients: input_gradient={bool(input_gradient)}, "
-                   f"bias_gradient={bool(bias_gradient)}, "
-                   f"x={spec_x.describe((-2, -1)) if lead is not None else None}, weight={self._weight_text}")
-        context = Context.local(spec_x)
+    def _gradient_parts(self, x, y_bar, input_gradient, context):
+        """The input's gradient and this rank's parts of the weights' and the bias's (see ``gradients``)."""
         xp = backend.array_module(x)
+        lead = tuple(x.shape[:-3])
         batch = math.prod(lead)
         xb = xp.ascontiguousarray(x).reshape((batch * self.in_channels,) + self.tile_in)
         yb = xp.ascontiguousarray(y_bar).reshape((batch * self.out_channels,) + self.tile_out)
@@ -503,25 +488,16 @@ class _DiscoBase(LinearOperator):
         self._front(xb, batch, spectrum_in, context)
         self._back(ADJOINT, yb, spectrum_out, batch, context)
         grad = self._gradient_pass(spectrum_in, spectrum_out, batch, input_gradient)
-        g, K = self.groups, self.basis.kernel_size
-        og, cg = self.out_channels // g, self.in_channels // g
+        cg, K = self.in_channels // self.groups, self.basis.kernel_size
         x_bar = None
         if input_gradient:
-            x_bar = xp.empty(tuple(lead) + (self.in_channels,) + self.tile_in, dtype=self.dtype)
+            x_bar = xp.empty(lead + (self.in_channels,) + self.tile_in, dtype=self.dtype)
             self._front_adjoint(spectrum_in, batch, x_bar.reshape(xb.shape), context)
-        # one sum over the grid for the weights and the bias
-        parts = [grad.reshape(-1)]
-        if bias_gradient:
+        parts = {"weight": grad.transpose(0, 2, 3, 1).reshape(self.out_channels, cg, K)}
+        if self.bias is not None:
             per_channel = yb.reshape(batch, self.out_channels, -1).sum(axis=(0, 2))
-            parts.append(backend.to_host(per_channel).astype(numpy.float64))
-        flat = numpy.concatenate(parts)
-        total = numpy.empty_like(flat)
-        collectives.allreduce(self.grid.cart, flat, total)
-        weight_bar = total[:grad.size].reshape(g, K, og, cg).transpose(0, 2, 3, 1).reshape(
-            self.out_channels, cg, K).astype(self.dtype)
-        if bias_gradient:
-            return x_bar, weight_bar, total[grad.size:].astype(self.dtype)
-        return x_bar, weight_bar
+            parts["bias"] = backend.to_host(per_channel).astype(numpy.float64)
+        return x_bar, parts
 
     def _gradient_pass(self, spectrum_in, spectrum_out, batch, input_gradient):
         """The weights' gradient ``(g, K, og, cg)`` (float64, this rank's part) and, with ``input_gradient``,
@@ -560,7 +536,7 @@ class _DiscoBase(LinearOperator):
 
 
 class DiscoConvS2(_DiscoBase):
-    """DISCO convolution of distributed tiles (torch-harmonics' ``DiscreteContinuousConvS2`` without its bias).
+    """DISCO convolution of distributed tiles (torch-harmonics' ``DiscreteContinuousConvS2``).
 
     Parameters
     ----------
@@ -580,6 +556,8 @@ class DiscoConvS2(_DiscoBase):
     theta_cutoff : float, keyword-only
         The filter's radius (default: the largest latitude gap of the output
         grid, torch-harmonics' default).
+    bias : array ``(out_channels,)`` or None, keyword-only
+        Added to each output channel (torch-harmonics' ``bias``); settable.
     dtype : float32 or float64, keyword-only
     fft : {"auto", "numpy", "ducc0"}, keyword-only
 
@@ -587,10 +565,12 @@ class DiscoConvS2(_DiscoBase):
     -----
     ``forward``: ``(..., in_channels, h, w)`` (this rank's tile of
     ``in_shape``) -> ``(..., out_channels, h', w')`` (its tile of
-    ``out_shape``); ``adjoint``: the exact adjoint. Both distributed over
-    ``grid.cart``. ``gradients`` gives the weights' gradient. Every call
-    compares the weights across the ranks (a digest), and the text in the
-    attribute ``agree_also`` besides (the PyTorch module's bias).
+    ``out_shape``); ``adjoint``: the exact adjoint (without a bias; with
+    one the map is affine and has none). Both distributed over
+    ``grid.cart``. ``gradients(x, y_bar)`` gives ``(x_bar, weight_bar,
+    bias_bar)``, the parameters' whole-sphere gradients the same on every
+    rank (:class:`~mpisphere.operators.ParametrisedOperator`). Every call
+    compares the parameters across the ranks (a digest of each).
 
     Construction is collective over ``grid.cart``.
 
@@ -605,7 +585,7 @@ class DiscoConvS2(_DiscoBase):
 
 
 class DiscoConvTransposeS2(_DiscoBase):
-    """The transposed DISCO convolution (torch-harmonics' ``DiscreteContinuousConvTransposeS2`` without bias).
+    """The transposed DISCO convolution (torch-harmonics' ``DiscreteContinuousConvTransposeS2``).
 
     Same parameters as :class:`DiscoConvS2`, with ``nlon_out`` a multiple of
     ``nlon_in`` and the default cutoff from the input grid. The filter is

@@ -59,6 +59,7 @@ from .base import AdjointOperator, LinearOperator, domain_dtype
 from .dottest import dottest, inner
 from .elementary import Diagonal, Identity
 from .layout import ADJOINT, DISTRIBUTED, FORWARD, REPLICATED, Layout, check_out
+from .parametrised import ParametrisedOperator
 
 __all__ = [
     "domain_dtype",
@@ -73,6 +74,7 @@ __all__ = [
     "Context",
     "LinearOperator",
     "AdjointOperator",
+    "ParametrisedOperator",
     "Identity",
     "Diagonal",
     "check_out",
