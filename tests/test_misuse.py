@@ -42,8 +42,8 @@ EXPECTED = {
                                                     r"same weight on every rank"),
     "disco_bias_in_the_gradients_on_the_last_rank": (
         "ValueError", r"^DiscoConvS2.gradients: the {size} ranks disagree on what they are about to do: bias: {first} "
-                      r"'\(2,\) float64 [0-9a-f]+', rank {last} '\(2,\) float64 [0-9a-f]+'\n  fix: pass the same bias on "
-                      r"every rank"),
+                      r"'\(2,\) float64 [0-9a-f]+', rank {last} '\(2,\) float64 [0-9a-f]+'\n  fix: pass the same "
+                      r"bias on every rank"),
     "spectral_convolution_whole_field_on_the_last_rank": (
         "ValueError", r"^SpectralConvS2.forward: rank {last} of {size}: input: got the whole 13 x 20 field where this "
                       r"rank's tile belongs"),

@@ -50,7 +50,8 @@ def test_parameters_are_checked_together_before_any_is_set(grid, rng):
         op.set_parameters(scale=1.0)
     for name, value in op.parameters.items():
         numpy.testing.assert_array_equal(value, before[name])
-    assert op.describe_parameters() == text and text.startswith("weight='(3, 2, 2) float64 ") and ", bias='(3,) float64" in text
+    assert op.describe_parameters() == text
+    assert text.startswith("weight='(3, 2, 2) float64 ") and ", bias='(3,) float64" in text
     op.set_parameters(bias=None)
     assert op.bias is None and op.linear and op.describe_parameters().endswith(", bias=None")
     with pytest.raises(ValueError, match="QuadratureS2: no parameter named weight; its parameters are none"):
