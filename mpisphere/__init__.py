@@ -70,6 +70,8 @@ _PUBLIC = {
     "DiscoConvTransposeS2": "disco",
     "widest_theta_cutoff": "disco",
     "QuadratureS2": "integral",
+    "NeighborhoodAttentionS2": "attention",
+    "AttentionS2": "attention",
     "SpectralConvS2": "spectral_convolution",
     "ResampleS2": "resample",
 }

@@ -292,7 +292,7 @@ def unmarked_collective_methods(path):
 # node memory (parts of an exchange's call, or of its allocation through HaloExchange.zeros), and the failure notes
 # (point-to-point notes sent and read inside the calls whose end they raise at)
 AGREED_ELSEWHERE = {"agreement.call", "agreement.neighbours", "agreement.stall", "agreement.failures",
-                    "transpose.Exchange",
+                    "transpose.Exchange", "attention.gather.NeighbourGather",
                     "halo.absent", "halo.plan.MessagePlan", "halo.planned.PlannedCall", "halo.shared.NodeMemory",
                     "halo.shared.SharedLink"}
 
