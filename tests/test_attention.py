@@ -70,7 +70,7 @@ CASES = {
     "down": dict(kind="neighbourhood", in_shape=(12, 24), out_shape=(6, 12), cross=True),
     "up": dict(kind="neighbourhood", in_shape=(6, 12), out_shape=(12, 24), heads=2, cross=True),
     "global-self": dict(kind="global", in_shape=(8, 16), out_shape=(8, 16), heads=2, qknorm=True),
-    "global-down": dict(kind="global", in_shape=(10, 20), out_shape=(6, 12), cross=True),
+    "global-down": dict(kind="global", in_shape=(12, 24), out_shape=(6, 12), cross=True),
 }
 
 

@@ -155,7 +155,12 @@ class Attention(ParametrisedOperator):
         -------
         array ``(B, out_channels, h_out, w_out)``: this rank's output tile. Collective over ``grid.cart``.
         """
-        context = self._agree("forward", query, key, value)
+        return self._forward_agreed(query, key, value)
+
+    def _forward_agreed(self, query, key, value, purpose=""):
+        """:meth:`forward`, ``purpose`` added to what the ranks compare (the torch bridge: whether autograd
+        records the call, so that its backward, which communicates too, runs on every rank or on none)."""
+        context = self._agree("forward", query, key, value, extra=purpose)
         return self._forward(query, key, value, context)[0]
 
     @collective

@@ -32,6 +32,12 @@ class AttentionS2(Attention):
     their gradients round with them (one more step brings them home).
     """
 
+    def __init__(self, grid, in_channels, in_shape, out_shape, num_heads=1, **options):
+        super().__init__(grid, in_channels, in_shape, out_shape, num_heads, **options)
+        if self.in_shape[1] % self.out_shape[1]:
+            raise ValueError(f"{self.name}: nlon_in={self.in_shape[1]} must be a multiple of nlon_out="
+                             f"{self.out_shape[1]} (torch-harmonics' AttentionS2 refuses it too)")
+
     def _key_inputs(self, key, value, same, context):
         xp = backend.array_module(key)
         b, c = key.shape[:2]
