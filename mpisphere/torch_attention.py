@@ -23,23 +23,26 @@ __all__ = ["DistributedNeighborhoodAttentionS2", "DistributedAttentionS2"]
 
 
 class _AttentionFunction(torch.autograd.Function):
-    """One attention call as one autograd node: forward by the operator, backward by its ``gradients``."""
+    """One attention call as one autograd node: forward by the operator, backward by its ``gradients`` from the
+    forward's kept state (the projections, the received points, the softmax's maxima and sums)."""
 
     @staticmethod
     def forward(ctx, query, key, value, layer, recorded, *parameters):
-        ctx.layer, ctx.given = layer, (key is not None, value is not None)
-        ctx.save_for_backward(query, key, value, *parameters)
+        ctx.layer = layer
+        ctx.save_for_backward(query, *parameters)
         op = layer._operator_for(query, parameters)
         arrays = [None if t is None else as_array(t.contiguous()) for t in (query, key, value)]
-        return as_tensor(op._forward_agreed(*arrays, purpose=RECORDED if recorded else ""))
+        y, ctx.kept = op._forward_agreed(*arrays, purpose=RECORDED if recorded else "", keep=True)
+        if not recorded:
+            ctx.kept = None
+        return as_tensor(y)
 
     @staticmethod
     def backward(ctx, grad):
-        query, key, value, *parameters = ctx.saved_tensors
-        op = ctx.layer._operator_for(query, parameters)
-        arrays = [None if t is None else as_array(t.contiguous()) for t in (query, key, value)]
-        found = op.gradients(arrays[0], as_array(grad.contiguous()), arrays[1], arrays[2],
-                             input_gradient=any(ctx.needs_input_grad[:3]))
+        query, *parameters = ctx.saved_tensors
+        op = ctx.layer._operator_for(query, parameters)   # the forward's values: another call may have set others
+        found = op._gradients_kept(ctx.kept, as_array(grad.contiguous()), input_gradient=any(ctx.needs_input_grad[:3]))
+        ctx.kept = None
         inputs = [None if g is None else as_tensor(g) for g in found[:3]]
         grads = []
         for attribute, g in zip(ctx.layer._parameter_attributes, found[3:]):

@@ -96,8 +96,12 @@ def build(grid, name, rng):
     return op, params, case, spec.get("cross", False)
 
 
-@pytest.mark.parametrize("name", list(CASES))
-def test_forward_and_every_gradient_match_the_dense_reference(grid, name, rng):
+@pytest.mark.parametrize("name", list(CASES) + ["self-heads2-qknorm/long", "down/long", "up/long"])
+def test_forward_and_every_gradient_match_the_dense_reference(grid, name, rng, monkeypatch):
+    """``/long``: every arc, however short, through the long arcs' matrix products."""
+    name, _, arcs = name.partition("/")
+    if arcs:
+        monkeypatch.setattr("mpisphere.attention.neighbourhood._Arc.LONG", 0)
     op, params, case, cross = build(grid, name, rng)
     c = op.in_channels
     query = rng.standard_normal((2, c) + case["out_shape"])

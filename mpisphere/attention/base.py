@@ -157,11 +157,29 @@ class Attention(ParametrisedOperator):
         """
         return self._forward_agreed(query, key, value)
 
-    def _forward_agreed(self, query, key, value, purpose=""):
+    def _forward_agreed(self, query, key, value, purpose="", keep=False):
         """:meth:`forward`, ``purpose`` added to what the ranks compare (the torch bridge: whether autograd
-        records the call, so that its backward, which communicates too, runs on every rank or on none)."""
+        records the call, so that its backward, which communicates too, runs on every rank or on none).
+        ``keep``: also return what the backward needs (for :meth:`_gradients_kept`)."""
         context = self._agree("forward", query, key, value, extra=purpose)
-        return self._forward(query, key, value, context)[0]
+        y, saved = self._forward(query, key, value, context)
+        return (y, saved) if keep else y
+
+    @collective
+    def _gradients_kept(self, saved, y_bar, input_gradient=True):
+        """:meth:`gradients` from a forward's kept state (the torch bridge's backward: no second forward)."""
+        call = Call(self.grid.cart, f"{self.name}.gradients")
+        spec_y = Spec.of(y_bar)
+        with call.local():
+            check_tile(self.grid, spec_y, self.out_shape, self.dtype, self.out_channels, "y_bar")
+            if spec_y.shape[0] != saved["xq"].shape[0]:
+                raise InputError(f"y_bar: batch {spec_y.shape[0]} where the query's is {saved['xq'].shape[0]}")
+        call.agree(f"{self._describe()} gradients: y_bar={spec_y.describe((-2, -1))}, "
+                   f"input_gradient={bool(input_gradient)}, {self.describe_parameters()}")
+        inputs, parts = self._backward(saved, y_bar, Context.local(spec_y))
+        if not input_gradient:
+            inputs = (None, None, None)
+        return tuple(inputs) + self._sum_over_grid(parts)
 
     @collective
     def gradients(self, query, y_bar, key=None, value=None, input_gradient=True):

@@ -21,7 +21,7 @@ import numpy
 from .. import backend
 
 __all__ = ["project", "project_adjoint", "rms_norm", "rms_norm_adjoint", "OnlineSoftmax", "block_scores",
-           "block_backward"]
+           "softmax_backward"]
 
 
 def project(weight, bias, x):
@@ -37,7 +37,7 @@ def project_adjoint(weight, x, y_bar, bias=True):
     """The gradients of ``<y_bar, project(weight, bias, x)>``: ``(x_bar, weight_bar, bias_bar)`` (this rank's parts)."""
     xp = backend.array_module(x)
     x_bar = xp.matmul(weight.T, y_bar)
-    weight_bar = xp.einsum("bon,bcn->oc", y_bar, x)
+    weight_bar = xp.matmul(y_bar, x.swapaxes(-1, -2)).sum(axis=0)
     bias_bar = y_bar.sum(axis=(0, 2)) if bias else None
     return x_bar, weight_bar, bias_bar
 
@@ -95,9 +95,9 @@ class OnlineSoftmax:
         state.xp, state.maximum, state.total, state.values = xp, maximum, total, values
         return state
 
-    def add(self, scores, weights, values):
-        """One block of keys: ``scores`` ``(B, H, n, points)``, ``weights`` ``(n, 1)`` or a scalar (quadrature),
-        ``values`` ``(B, H, dv, n, points)`` (a view: each output point's own values) or ``(B, H, dv, n)``."""
+    def add(self, scores, weights, weighted):
+        """One block of keys: ``scores`` ``(B, H, n, points)``, ``weights`` (quadrature: ``(n, 1)`` or a scalar),
+        ``weighted(p)``: the block's values weighted by ``p`` ``(B, H, n, points)``, ``(B, H, dv, points)``."""
         xp = self.xp
         new = xp.maximum(self.maximum, scores.max(axis=2))
         factor = xp.exp(self.maximum - new)
@@ -105,10 +105,7 @@ class OnlineSoftmax:
         self.total *= factor
         self.total += p.sum(axis=2)
         self.values *= factor[:, :, None]
-        if values.ndim == 5:
-            self.values += xp.einsum("bhnq,bhcnq->bhcq", p, values)
-        else:
-            self.values += xp.matmul(values, p)
+        self.values += weighted(p)
         self.maximum[...] = new
 
     def result(self):
@@ -117,24 +114,16 @@ class OnlineSoftmax:
 
 
 def block_scores(query, keys):
-    """``s[b, h, n, q] = query[b, h, :, q] . keys[b, h, :, n, q]`` (per-point keys) or ``. keys[b, h, :, n]``."""
+    """``s[b, h, n, q] = query[b, h, :, q] . keys[b, h, :, n]``: ``(B, H, n, points)``."""
     xp = backend.array_module(query)
-    if keys.ndim == 5:
-        return xp.einsum("bhcq,bhcnq->bhnq", query, keys)
     return xp.matmul(keys.swapaxes(-1, -2), query)
 
 
-def block_backward(query, keys, values, weights, lse, y_bar, d):
-    """One block's part of the backward (see the module docstring).
+def softmax_backward(scores, weights, lse, dp, d):
+    """One block's probabilities and score cotangents (see the module docstring): ``(ds, p)``.
 
-    Returns ``(ds, p)``: ``(B, H, n, points)`` each; the caller adds
-    ``ds`` times the keys into ``q_bar`` and scatters ``ds q`` and ``p y_bar``
-    into the keys' and values' gradients.
+    ``dp[b, h, n, q] = y_bar[q] . v_n``; ``d = y_bar . y`` per output point.
     """
-    xp = backend.array_module(query)
-    p = xp.exp(block_scores(query, keys) - lse[:, :, None]) * weights
-    if values.ndim == 5:
-        dp = xp.einsum("bhcq,bhcnq->bhnq", y_bar, values)
-    else:
-        dp = xp.matmul(values.swapaxes(-1, -2), y_bar)
+    xp = backend.array_module(scores)
+    p = xp.exp(scores - lse[:, :, None]) * weights
     return p * (dp - d[:, :, None]), p

@@ -13,7 +13,7 @@ import numpy
 
 from .. import backend, collectives
 from .base import Attention
-from .kernels import OnlineSoftmax, block_backward, block_scores
+from .kernels import OnlineSoftmax, block_scores, softmax_backward
 
 __all__ = ["AttentionS2"]
 
@@ -92,8 +92,9 @@ class AttentionS2(Attention):
             weights = self._weights(owner, qh)
             for qs, ks in self._chunks(b, heads, points, block.shape[-1]):
                 state = OnlineSoftmax.over(xp, maximum[..., qs], total[..., qs], values[..., qs])
+                keyed = block[:, :, dk:, ks]
                 state.add(block_scores(query[..., qs], block[:, :, :dk, ks]), weights[ks][:, None],
-                          block[:, :, dk:, ks])
+                          lambda p, keyed=keyed: xp.matmul(keyed, p))
             if s < size - 1:
                 block = self._pass(block, owner, context, dk + dv)
         attended = values / total[:, :, None]
@@ -119,8 +120,8 @@ class AttentionS2(Attention):
             keys, values = block[:, :, :dk], block[:, :, dk:width]
             k_bar, v_bar = block[:, :, width:width + dk], block[:, :, width + dk:]
             for qs, ks in self._chunks(b, heads, points, block.shape[-1]):
-                ds, p = block_backward(query[..., qs], keys[..., ks], values[..., ks], weights[ks][:, None],
-                                       lse[..., qs], y_bar[..., qs], d[..., qs])
+                ds, p = softmax_backward(block_scores(query[..., qs], keys[..., ks]), weights[ks][:, None],
+                                         lse[..., qs], block_scores(y_bar[..., qs], values[..., ks]), d[..., qs])
                 q_bar[..., qs] += xp.matmul(keys[..., ks], ds)
                 k_bar[..., ks] += xp.matmul(query[..., qs], ds.swapaxes(-1, -2))
                 v_bar[..., ks] += xp.matmul(y_bar[..., qs], p.swapaxes(-1, -2))
