@@ -28,6 +28,9 @@ Bytes, per rank and layer (forward; the backward's adjoint sends as many):
   other azimuth rank's halo-extended keys and values, ``(k_channels +
   out_channels) * batch * 4`` bytes a point.
 
+BLAS runs one thread a rank (``OMP_NUM_THREADS`` and the like default to 1
+here, as in the test suite); torch-harmonics runs one thread too.
+
 ``--memory``: the peak of the memory NumPy allocates (``tracemalloc``)
 during one step, beside this rank's tile and its received points (one grid
 per launch).
@@ -35,16 +38,20 @@ per launch).
 
 import argparse
 import math
+import os
 import time
 import tracemalloc
 
-import numpy
-from mpi4py import MPI
+for _threads in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_threads, "1")   # one BLAS thread a rank: ranks share the cores (measured: 19x slower at
+                                           # 1 x 2 on two cores with two OpenBLAS threads a rank)
+import numpy  # noqa: E402 (after the thread counts)
+from mpi4py import MPI  # noqa: E402
 
-import mpisphere as ms
-from benchtools import grid_shapes, measure_rounds, mpi_version
-from mpisphere.attention import NeighborhoodAttentionS2
-from mpisphere.quadrature import latitudes
+import mpisphere as ms  # noqa: E402
+from benchtools import grid_shapes, measure_rounds, mpi_version  # noqa: E402
+from mpisphere.attention import NeighborhoodAttentionS2  # noqa: E402
+from mpisphere.quadrature import latitudes  # noqa: E402
 
 
 def parameters(channels, rng):

@@ -83,6 +83,8 @@ def test_fourdvar_lowers_the_error(tmp_path, method):
     ("bench_reduced.py", ["--n", "8", "--fields", "2", "--repeats", "1", "--warmup", "0"]),
     ("bench_disco.py", ["--nlat", "17", "--channels", "2", "--batch", "1", "--repeats", "1", "--warmup", "0",
                         "--library", "mpisphere"]),
+    ("bench_attention.py", ["--nlat", "13", "--channels", "4", "--heads", "2", "--batch", "1", "--repeats", "1",
+                            "--warmup", "0", "--no-torch"]),
 ])
 def test_benchmarks_run(tmp_path, script, args):
     out = launch(2, script, *args, cwd=tmp_path)

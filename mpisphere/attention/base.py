@@ -227,13 +227,16 @@ class Attention(ParametrisedOperator):
         key_source = query if key is None else key
         value_source = query if value is None else value
         keys_in, values_in = self._key_inputs(key_source, value_source, value_source is key_source, context)
+        # the projections before normalisation are kept only where the normalisation's backward reads them
         q_raw = project(p["q_weights"], p["q_bias"], xq)
         q, q_inverse = (q_raw, None) if p["q_norm_weights"] is None else \
             rms_norm(q_raw, p["q_norm_weights"], self.num_heads)
-        q = q * self.scale
+        q *= self.scale
+        q_raw = None if q_inverse is None else q_raw
         k_raw = project(p["k_weights"], p["k_bias"], keys_in)
         k, k_inverse = (k_raw, None) if p["k_norm_weights"] is None else \
             rms_norm(k_raw, p["k_norm_weights"], self.num_heads)
+        k_raw = None if k_inverse is None else k_raw
         v = project(p["v_weights"], p["v_bias"], values_in)
         heads = self.num_heads
         qh = q.reshape((b, heads, -1) + self.tile_out)
@@ -257,13 +260,14 @@ class Attention(ParametrisedOperator):
             p["proj_weights"], flat, xp.ascontiguousarray(y_bar).reshape(b, self.out_channels, -1),
             p["proj_bias"] is not None)
         q_bar, k_bar, v_bar = self._attend_backward(saved, a_bar.reshape(saved["attended"].shape), context)
-        q_bar = q_bar.reshape(saved["q_raw"].shape) * self.scale
+        q_bar = q_bar.reshape(saved["xq"].shape[:1] + (self.k_channels, -1))
+        q_bar *= self.scale
         if p["q_norm_weights"] is not None:
             q_bar, parts["q_norm_weights"] = rms_norm_adjoint(saved["q_raw"], p["q_norm_weights"],
                                                               saved["q_inverse"], q_bar, self.num_heads)
         xq_bar, parts["q_weights"], parts["q_bias"] = project_adjoint(p["q_weights"], saved["xq"], q_bar,
                                                                       p["q_bias"] is not None)
-        k_bar = k_bar.reshape(saved["k_raw"].shape)
+        k_bar = k_bar.reshape(k_bar.shape[0], self.k_channels, -1)
         if p["k_norm_weights"] is not None:
             k_bar, parts["k_norm_weights"] = rms_norm_adjoint(saved["k_raw"], p["k_norm_weights"],
                                                               saved["k_inverse"], k_bar, self.num_heads)
