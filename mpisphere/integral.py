@@ -9,6 +9,7 @@ from .agreement import InputError, agree_construction
 from .grid import check_tile
 from .operators import ADJOINT, DISTRIBUTED, FORWARD, REPLICATED, Layout, ParametrisedOperator
 from .quadrature import latitudes, rule
+from .tiling import RegularTiling
 from .validation import check_dtype, check_int
 
 __all__ = ["QuadratureS2"]
@@ -49,7 +50,8 @@ class QuadratureS2(ParametrisedOperator):
         self.dtype = check_dtype(dtype, "transformed", "dtype", "QuadratureS2")
         _, weights = latitudes(nlat, self.quadrature)
         weights = weights * (2.0 * math.pi / nlon) / (4.0 * math.pi if normalize else 1.0)
-        lat, lon = grid.local_slices(nlat, nlon)
+        self.tiling_in = RegularTiling(grid, nlat, nlon)   # the output is replicated: no tiling_out
+        lat, lon = self.tiling_in.slices()
         self.tile = (lat.stop - lat.start, lon.stop - lon.start)
         self._weights = numpy.ascontiguousarray(weights[lat], dtype=self.dtype)
         self._device = {}
@@ -65,15 +67,6 @@ class QuadratureS2(ParametrisedOperator):
     def row_weights(self, like):
         """This rank's row weights ``(h,)``: ``w_i 2 pi / nlon`` (over ``4 pi`` if normalised), on like's device."""
         return backend.on_device_of(like, self._weights, self._device)
-
-    def _check_side(self, spec, side, what):
-        if side == "in":
-            check_tile(self.grid, spec, self.shape, self.dtype, what=what)
-        elif spec.dtype != self.dtype:
-            raise InputError(f"{what}: expected {self.dtype.name}, got {spec.dtype.name}", TypeError)
-
-    def _core_ndim(self, side):
-        return 2 if side == "in" else 0
 
     def _call_output(self, direction, spec):
         if direction == FORWARD:

@@ -26,6 +26,7 @@ from .halo import HaloExchange
 from .operators import ADJOINT, DISTRIBUTED, FORWARD, Layout, ParametrisedOperator
 from .quadrature import latitudes
 from .strided import strided_pieces
+from .tiling import RegularTiling
 from .validation import check_choice, check_dtype, check_int
 
 __all__ = ["ResampleS2"]
@@ -99,8 +100,9 @@ class ResampleS2(ParametrisedOperator):
         rows = numpy.stack([lat_left, lat_right]) - shift
         self.rows, self.cols = self._widths(rows, numpy.stack([lon_left, lon_right]))
         self.halo = HaloExchange(grid, self.rows, self.cols, extents=self.in_shape) if self.rows or self.cols else None
-        lat_in, lon_in = grid.local_slices(nlat_in, nlon_in)
-        lat_out, lon_out = grid.local_slices(nlat_out, nlon_out)
+        self.tiling_in, self.tiling_out = RegularTiling(grid, nlat_in, nlon_in), RegularTiling(grid, nlat_out, nlon_out)
+        lat_in, lon_in = self.tiling_in.slices()
+        lat_out, lon_out = self.tiling_out.slices()
         self.tile_in = (lat_in.stop - lat_in.start, lon_in.stop - lon_in.start)
         self.tile_out = (lat_out.stop - lat_out.start, lon_out.stop - lon_out.start)
         padded_rows = self.tile_in[0] + 2 * self.rows
@@ -170,9 +172,6 @@ class ResampleS2(ParametrisedOperator):
     def _not_linear(self):
         return ("bilinear-spherical resampling interpolates angles: it is not linear and has no adjoint\n"
                 "  fix: ResampleS2.vjp(x, y_bar) gives the adjoint of its derivative at x")
-
-    def _check_side(self, spec, side, what):
-        check_tile(self.grid, spec, self.in_shape if side == "in" else self.out_shape, self.dtype, what=what)
 
     def _call_output(self, direction, spec):
         other, whole = (self.tile_out, self.in_shape) if direction == FORWARD else (self.tile_in, self.out_shape)

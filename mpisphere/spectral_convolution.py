@@ -18,11 +18,11 @@ import numpy
 
 from . import backend, collectives, dtypes
 from .agreement import agree_construction
-from .grid import check_tile
 from .integral import QuadratureS2
 from .operators import ADJOINT, DISTRIBUTED, FORWARD, Layout, ParametrisedOperator
 from .quadrature import truncate_sht
 from .sht import DistributedInverseRealSHT, DistributedRealSHT
+from .tiling import RegularTiling
 from .validation import check_dtype, check_int
 
 __all__ = ["SpectralConvS2", "spectral_truncation"]
@@ -81,6 +81,7 @@ class SpectralConvS2(ParametrisedOperator):
         self.isht = DistributedInverseRealSHT(grid, *self.out_shape, self.lmax, self.lmax, quadrature=quadrature_out,
                                               dtype=self.dtype)
         self.quadrature = QuadratureS2(grid, self.in_shape, quadrature_in, dtype=self.dtype)
+        self.tiling_in, self.tiling_out = RegularTiling(grid, *self.in_shape), RegularTiling(grid, *self.out_shape)
         self.degrees = numpy.asarray(self.sht.local_degrees)
         self.orders = numpy.asarray(self.sht.local_orders)
         self._init_parameters(weight=weight, bias=bias)
@@ -142,12 +143,8 @@ class SpectralConvS2(ParametrisedOperator):
         side_in, side_out = self._sides()
         return lead + side_in, lead + side_out
 
-    def _check_side(self, spec, side, what):
-        channels, whole = (self.in_channels, self.in_shape) if side == "in" else (self.out_channels, self.out_shape)
-        check_tile(self.grid, spec, whole, self.dtype, channels, what)
-
-    def _core_ndim(self, side):
-        return 3
+    def _side_channels(self, side):
+        return self.in_channels if side == "in" else self.out_channels
 
     def _call_output(self, direction, spec):
         side_in, side_out = self._sides()

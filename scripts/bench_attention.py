@@ -67,7 +67,7 @@ def minimum_points(op):
     phi = 2 * math.pi * numpy.arange(nlon) / nlon
     t, p = numpy.meshgrid(theta, phi, indexing="ij")
     xyz = numpy.stack([numpy.sin(t) * numpy.cos(p), numpy.sin(t) * numpy.sin(p), numpy.cos(t)], -1)
-    lat, lon = op.tiles_out.slices()
+    lat, lon = op.tiling_out.slices()
     mine = xyz[lat, lon].reshape(-1, 3)
     reached = numpy.zeros(nlat * nlon, dtype=bool)
     cosine = math.cos((1 + 1e-3) * op.theta_cutoff)
@@ -75,20 +75,20 @@ def minimum_points(op):
     for start in range(0, len(mine), 256):
         reached |= (mine[start:start + 256] @ flat.T >= cosine).any(axis=0)
     own = numpy.zeros((nlat, nlon), dtype=bool)
-    own[op.tiles_in.slices()] = True
+    own[op.tiling_in.slices()] = True
     return int((reached & ~own.reshape(-1)).sum())
 
 
 def ring_points(op, grid):
     """torch-harmonics' layout: the polar halo rows and the ring of every other azimuth rank's extended tile."""
-    lat, lon = op.tiles_out.slices()
+    lat, lon = op.tiling_out.slices()
     rows = [hi for ho in range(lat.start, lat.stop) for arcs in op.arcs.rows[ho] for hi, _, _ in arcs]
-    tile_lat, _ = op.tiles_in.slices()
+    tile_lat, _ = op.tiling_in.slices()
     r = max(0, tile_lat.start - min(rows), max(rows) + 1 - tile_lat.stop)
     h, w = op.tile_in
     halo = (min(r, tile_lat.start) + min(r, op.in_shape[0] - tile_lat.stop)) * w if grid.npolar > 1 else 0
     extended = h + (2 * r if grid.npolar > 1 else 0)
-    ring = sum(extended * op.tiles_in.local_shape(grid.polar_rank * grid.nazimuth + a)[1]
+    ring = sum(extended * op.tiling_in.local_shape(grid.polar_rank * grid.nazimuth + a)[1]
                for a in range(grid.nazimuth) if a != grid.azimuth_rank)
     return halo + ring
 

@@ -146,7 +146,7 @@ def test_each_rank_receives_only_what_its_neighbourhoods_reach(grid):
     """The points received are the minimum: the windows' points held elsewhere, each once; on one rank none."""
     op = NeighborhoodAttentionS2(grid, 2, (16, 32), (16, 32))
     gather = op.neighbours
-    lat, lon = op.tiles_in.slices()
+    lat, lon = op.tiling_in.slices()
     own = sum(1 for hi, (_, first, span) in gather.rows.items()
               for t in range(min(span, 32)) if lat.start <= hi < lat.stop and lon.start <= (first + t) % 32 < lon.stop)
     reached = sum(min(span, 32) for _, _, span in gather.rows.values())

@@ -60,9 +60,9 @@ class Attention(ParametrisedOperator):
         self.scale = 1.0 / math.sqrt(self.k_channels // self.num_heads) if scale is None else float(scale)
         _, w = latitudes(self.in_shape[0], quadrature_in)
         self.quad_weights = 2.0 * math.pi * w / self.in_shape[1]
-        self.tiles_in = RegularTiling(grid, *self.in_shape)
-        self.tiles_out = RegularTiling(grid, *self.out_shape)
-        self.tile_in, self.tile_out = self.tiles_in.local_shape(), self.tiles_out.local_shape()
+        self.tiling_in = RegularTiling(grid, *self.in_shape)
+        self.tiling_out = RegularTiling(grid, *self.out_shape)
+        self.tile_in, self.tile_out = self.tiling_in.local_shape(), self.tiling_out.local_shape()
         self.domain = self.range = Layout(DISTRIBUTED, grid.cart)
         self._comm = grid.cart
         self._device, self._device_weights = {}, {}

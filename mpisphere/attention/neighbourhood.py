@@ -203,7 +203,7 @@ class NeighborhoodAttentionS2(Attention):
         return self._block_list
 
     def _build_blocks(self):
-        lat, lon = self.tiles_out.slices()
+        lat, lon = self.tiling_out.slices()
         arcs, width = self.arcs, lon.stop - lon.start
         for i, ho in enumerate(range(lat.start, lat.stop)):
             for phase, ring_arcs in enumerate(arcs.rows[ho]):

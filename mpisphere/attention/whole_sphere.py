@@ -48,7 +48,7 @@ class AttentionS2(Attention):
         return bar.reshape(bar.shape[:2] + self.tile_in)
 
     def _weights(self, rank, like):
-        lat, lon = self.tiles_in.slices(rank)
+        lat, lon = self.tiling_in.slices(rank)
         host = numpy.repeat(self.quad_weights[lat], lon.stop - lon.start).astype(self.dtype)
         return backend.on_device_of(like, host, self._device_weights, key=rank)
 
@@ -57,7 +57,7 @@ class AttentionS2(Attention):
         return size, rank, (rank - 1) % size, (rank + 1) % size
 
     def _points(self, rank):
-        return math.prod(self.tiles_in.local_shape(rank))
+        return math.prod(self.tiling_in.local_shape(rank))
 
     def _pass(self, block, owner, context, channels):
         """Send ``block`` (rank ``owner``'s) to the previous rank; the next rank's block ``owner + 1`` arrives."""

@@ -32,13 +32,14 @@ import numpy
 from .. import backend, dtypes
 from ..agreement import InputError, Spec, agree_construction
 from ..geometry import polar_halo_radius
-from ..grid import check_finite, check_tile
+from ..grid import check_finite
 from ..halo import HaloExchange
 from ..operators import ADJOINT, DISTRIBUTED, FORWARD, Layout, ParametrisedOperator
 from ..partition import split_sizes
 from ..quadrature import latitudes
 from ..stages.fourier import FourierStage, resolve_fft
 from ..stages.pipeline import LocalStage, Pipeline
+from ..tiling import RegularTiling
 from ..transpose import BufferPool, Transpose
 from ..validation import check_dtype, check_int
 from .bands import apply_band, band_tables
@@ -181,8 +182,9 @@ class _DiscoBase(ParametrisedOperator):
         self.domain = self.range = Layout(DISTRIBUTED, grid.cart)
         self._comm = grid.cart
         self.halo = HaloExchange(grid, self.halo_rows, extents=self.in_shape) if self.halo_rows else None
-        lat_in, lon_in = grid.local_slices(nlat_in, nlon_in)
-        lat_out, lon_out = grid.local_slices(nlat_out, nlon_out)
+        self.tiling_in, self.tiling_out = RegularTiling(grid, nlat_in, nlon_in), RegularTiling(grid, nlat_out, nlon_out)
+        lat_in, lon_in = self.tiling_in.slices()
+        lat_out, lon_out = self.tiling_out.slices()
         self.tile_in = (lat_in.stop - lat_in.start, lon_in.stop - lon_in.start)
         self.tile_out = (lat_out.stop - lat_out.start, lon_out.stop - lon_out.start)
         self.half = self.nfft // 2 + 1
@@ -271,12 +273,8 @@ class _DiscoBase(ParametrisedOperator):
         side_in, side_out = self._sides()
         return lead + side_in, lead + side_out
 
-    def _check_side(self, spec, side, what):
-        channels, whole = (self.in_channels, self.in_shape) if side == "in" else (self.out_channels, self.out_shape)
-        check_tile(self.grid, spec, whole, self.dtype, channels, what)
-
-    def _core_ndim(self, side):
-        return 3
+    def _side_channels(self, side):
+        return self.in_channels if side == "in" else self.out_channels
 
     def _call_output(self, direction, spec):
         side_in, side_out = self._sides()

@@ -17,8 +17,10 @@ so that no operator writes it again:
   rank's part of each parameter's), then one ``Allreduce`` over the grid of
   every parameter's part at once: whole-sphere gradients, the same on every
   rank;
-* the input's and output's tiles (``_check_side``), by the tilings the
-  subclass names (``tiling_in``, ``tiling_out``).
+* the input's and output's tiles: the subclass names its tilings
+  (``tiling_in``, ``tiling_out``: which points of each whole field this
+  rank holds; None for a replicated output) and the channels of each side,
+  and the base checks a call's arrays against them (``_check_side``).
 """
 
 import numpy
@@ -26,6 +28,7 @@ import numpy
 from .. import backend, collectives
 from ..agreement import Call, Context, InputError, Spec, collective
 from ..agreement.description import describe_parameter
+from ..grid import check_tile
 from .base import LinearOperator, _allocate
 from .layout import ADJOINT
 
@@ -44,8 +47,9 @@ class ParametrisedOperator(LinearOperator):
     * ``_call_output(direction, spec)``: the result's ``Spec`` and the
       input's description (what ``_output`` is for other operators; the
       parameters' description is added here);
-    * ``_check_side(spec, side, what)``: this rank's finding when ``spec``
-      is not a tile of ``side`` (``"in"`` or ``"out"``);
+    * ``tiling_in``, ``tiling_out`` (attributes) and ``_side_channels(side)``:
+      the tilings of the input and the output (None: the output is
+      replicated) and the channels axis before a tile's axes (None: none);
     * ``_gradient_parts(x, y_bar, input_gradient, context)``: the input's
       gradient (or None) and a dict of this rank's part of each set
       parameter's gradient (host arrays, the parameter's shape). The default
@@ -129,8 +133,20 @@ class ParametrisedOperator(LinearOperator):
     def _call_output(self, direction, spec):
         raise NotImplementedError
 
+    tiling_in = None
+    tiling_out = None
+
+    def _side_channels(self, side):
+        return None
+
     def _check_side(self, spec, side, what):
-        raise NotImplementedError
+        """This rank's finding when ``spec`` is not its tile of ``side`` (``"in"`` or ``"out"``)."""
+        tiling = self.tiling_in if side == "in" else self.tiling_out
+        if tiling is None:
+            if spec.dtype != self.dtype:
+                raise InputError(f"{what}: expected {self.dtype.name}, got {spec.dtype.name}", TypeError)
+            return
+        check_tile(tiling.grid, spec, tiling.whole, self.dtype, self._side_channels(side), what)
 
     @collective
     def gradients(self, x, y_bar, input_gradient=True):
@@ -184,7 +200,10 @@ class ParametrisedOperator(LinearOperator):
         return tuple(spec.shape[:len(spec.shape) - self._core_ndim(side)])
 
     def _core_ndim(self, side):
-        return 2
+        tiling = self.tiling_in if side == "in" else self.tiling_out
+        if tiling is None:
+            return 0
+        return len(tiling.whole) + (self._side_channels(side) is not None)
 
     def _check_gradient_values(self, x, y_bar):
         """A finding for values the gradients refuse (a non-finite point); none by default."""
