@@ -219,3 +219,27 @@ def test_a_disco_convolution_issues_the_same_operations_at_every_size(grid, tran
                           operations(lambda: op.gradients(x, y), (DISCO,))))
     for rank, counts in enumerate(everywhere(grid, found)):
         assert counts[0] == counts[1] == counts[2], f"rank {rank}: (forward, adjoint, gradients) counts {counts}"
+
+
+ATTENTION = str(Path(PACKAGE) / "attention")
+
+
+def test_neighbourhood_attention_issues_the_same_operations_for_any_batch_and_channels(grid, request):
+    """Forward and gradients: the operations do not grow with the batch or the channels. They do grow with the
+    output rows (a few calls per row and arc: docs/benchmarks.md, "Attention on the sphere"), which a GPU kernel
+    for all rows at once would remove; that is not built."""
+    few_ranks(grid, request.config)
+    from mpisphere import NeighborhoodAttentionS2
+    found = []
+    with config.override(device_kernels=True):
+        for batch, channels in ((1, 2), (3, 4)):
+            op = NeighborhoodAttentionS2(grid, channels, (17, 32), (17, 32))
+            rng = numpy.random.default_rng(5)
+            op.set_parameters(**{n: rng.standard_normal((channels, channels))
+                                 for n in ("q_weights", "k_weights", "v_weights", "proj_weights")})
+            x = rank_rng(grid.cart).standard_normal((batch, channels) + op.tile_out)
+            op.forward(x), op.gradients(x, x)
+            found.append((operations(lambda: op.forward(x), (ATTENTION,)),
+                          operations(lambda: op.gradients(x, x), (ATTENTION,))))
+    for rank, counts in enumerate(everywhere(grid, found)):
+        assert counts[0] == counts[1], f"rank {rank}: (forward, gradients) counts {counts}"
