@@ -778,6 +778,29 @@ def disco_bias_in_the_gradients_on_the_last_rank(comm, grid, me):
     conv.gradients(x, x)
 
 
+def _attention(grid, **changed):
+    from mpisphere import NeighborhoodAttentionS2
+    options = dict(num_heads=1, theta_cutoff=None)
+    options.update(changed)
+    op = NeighborhoodAttentionS2(grid, 2, (NLAT, 2 * NLON), (NLAT, 2 * NLON), options["num_heads"],
+                                 theta_cutoff=options["theta_cutoff"])
+    op.set_parameters(**{n: numpy.ones((2, 2)) for n in ("q_weights", "k_weights", "v_weights", "proj_weights")})
+    return op
+
+
+def attention_heads_on_the_last_rank(comm, grid, me):
+    """The last rank builds its attention with two heads, the others with one."""
+    _attention(grid, num_heads=2 if _is_last(comm, me) else 1)
+
+
+def attention_key_tile_on_the_last_rank(comm, grid, me):
+    """The last rank passes a key one row short of its tile."""
+    op = _attention(grid)
+    h, w = grid.local_shape(NLAT, 2 * NLON)
+    query = numpy.zeros((1, 2, h, w))
+    op.forward(query, numpy.zeros((1, 2, h - _is_last(comm, me), w)), query)
+
+
 def spectral_convolution_whole_field_on_the_last_rank(comm, grid, me):
     """The last rank passes the whole field where its tile belongs."""
     from mpisphere import SpectralConvS2
@@ -868,6 +891,7 @@ def disco_nan_on_the_last_rank(comm, grid, me):
 CASES = [chunk_width, batch_gather_from, batch_reduce_from, batch_transpose, batch_halo, batch_sht,
          dtype_gather_from, dtype_copy_to_adjoint, out_shape, out_dtype, out_read_only, other_operator,
          disco_tile_on_the_last_rank, disco_weight_on_the_last_rank, disco_bias_in_the_gradients_on_the_last_rank,
+         attention_heads_on_the_last_rank, attention_key_tile_on_the_last_rank,
          spectral_convolution_whole_field_on_the_last_rank,
          resample_dtype_on_the_last_rank, machine_model_missing_on_the_last_rank, machine_model_missing_on_rank_0,
          other_extent, sht_lmax, halo_wider_than_neighbour, halo_tile_widths, grid_dims, grid_invalid_dims,

@@ -44,6 +44,10 @@ EXPECTED = {
         "ValueError", r"^DiscoConvS2.gradients: the {size} ranks disagree on what they are about to do: bias: {first} "
                       r"'\(2,\) float64 [0-9a-f]+', rank {last} '\(2,\) float64 [0-9a-f]+'\n  fix: pass the same "
                       r"bias on every rank"),
+    "attention_heads_on_the_last_rank": ("ValueError", r"^NeighborhoodAttentionS2: the {size} ranks built .*num_heads"),
+    "attention_key_tile_on_the_last_rank": (
+        "ValueError", r"^NeighborhoodAttentionS2.forward: rank {last} of {size}: key: the last three axes of "
+                      r"\(1, 2, \d+, \d+\) are not \(channels, \*this rank's tile\)"),
     "spectral_convolution_whole_field_on_the_last_rank": (
         "ValueError", r"^SpectralConvS2.forward: rank {last} of {size}: input: got the whole 13 x 20 field where this "
                       r"rank's tile belongs"),
