@@ -4,7 +4,9 @@
 public operator class: the primitives, the halo exchange and its adjoint, the
 scalar and vector transforms (on regular and octahedral grids), the point
 interpolation, the spectral calculus operators, the DISCO convolutions,
-quadrature, spectral convolution and resampling, the algebra (``Identity``,
+quadrature, spectral convolution and resampling, the two attentions (not
+linear: ``op.linear`` is False, and the tests compare their forward and
+``gradients`` instead of an adjoint), the algebra (``Identity``,
 ``Diagonal``, compositions, sums, scalings) and the shallow-water model's
 tangent-linear model, on uneven extents; the points come from the operators'
 own shape contract. ``test_the_catalogue_covers_every_public_operator`` fails
@@ -19,7 +21,8 @@ from mpisphere import (CopyTo, Diagonal, DistributedInverseRealSHT, DistributedI
                        Transpose, calculus)
 from mpisphere import (DistributedInverseReducedRealSHT, DistributedInverseReducedRealVectorSHT, RingTiles,
                        DistributedReducedRealSHT, DistributedReducedRealVectorSHT)
-from mpisphere import DiscoConvS2, DiscoConvTransposeS2, QuadratureS2, ResampleS2, SpectralConvS2
+from mpisphere import (AttentionS2, DiscoConvS2, DiscoConvTransposeS2, NeighborhoodAttentionS2, QuadratureS2,
+                       ResampleS2, SpectralConvS2)
 from mpisphere.examples import ShallowWaterSolver
 from mpisphere.spectral_convolution import spectral_truncation
 from mpisphere.operators import DISTRIBUTED, Layout
@@ -34,6 +37,15 @@ def host_only(op):
     """Operators that take host arrays only (the tangent-linear model's trajectory lives on the host; ducc0)."""
     return type(op).__name__ in ("TangentLinearModel", "LinearisedProducts") or \
         getattr(op, "legendre", None) == "table-free"
+
+
+def attention(op, rng):
+    """``op`` with its projections set (the same on every rank: ``rng`` draws alike everywhere)."""
+    c, k, o = op.in_channels, op.k_channels, op.out_channels
+    op.set_parameters(q_weights=rng.standard_normal((k, c)), k_weights=rng.standard_normal((k, c)),
+                      v_weights=rng.standard_normal((o, c)), proj_weights=rng.standard_normal((o, o)),
+                      q_bias=rng.standard_normal(k))
+    return op
 
 
 def operators(grid):
@@ -99,6 +111,10 @@ def operators(grid):
         (SpectralConvS2(grid, (NLAT, NLON), (NLAT, NLON), spectral_weight, bias=spectral_bias), (2,),
          numpy.float64, local),
         (ResampleS2(grid, (NLAT, NLON), (NLAT + 4, 2 * NLON)), (2,), numpy.float64, local),
+        # the attentions (not linear: the tests compare their forward and gradients instead of an adjoint)
+        (attention(NeighborhoodAttentionS2(grid, 2, (NLAT, NLON), (NLAT, NLON), 2, theta_cutoff=0.6), same), (2,),
+         numpy.float64, local),
+        (attention(AttentionS2(grid, 2, (NLAT, NLON), (NLAT, NLON)), same), (2,), numpy.float64, local),
         (tangent_linear, (), tangent_linear.dtype, local),
         (tangent_linear.products[1], (2,), numpy.float64, local),  # its hand-linearised products
     ]

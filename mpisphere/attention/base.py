@@ -66,6 +66,7 @@ class Attention(ParametrisedOperator):
         self.domain = self.range = Layout(DISTRIBUTED, grid.cart)
         self._comm = grid.cart
         self._device, self._device_weights = {}, {}
+        self._workspace = backend.Workspace()   # staged exchanges' host buffers
         self._init_parameters()
 
     # --- parameters ------------------------------------------------------------------------------
@@ -99,6 +100,10 @@ class Attention(ParametrisedOperator):
     @property
     def linear(self):
         return False
+
+    def _shapes(self, lead):
+        """``(query tile, output tile)`` shapes with leading axes ``lead`` (self-attention's input is the query)."""
+        return lead + (self.in_channels,) + self.tile_out, lead + (self.out_channels,) + self.tile_out
 
     # --- checks ----------------------------------------------------------------------------------
 

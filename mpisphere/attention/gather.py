@@ -101,6 +101,7 @@ class NeighbourGather:
         self._send = [index.astype(numpy.int64) for index in send]
         self._tables = self._gather_tables(receive, nlon, width * (lat.stop - lat.start))
         self._device = {}
+        self._workspace = backend.Workspace()   # the staged exchange's host buffers
 
     def _gather_tables(self, receive, nlon, points):
         """Every scatter of the exchange as gathers (``take`` is several times faster than a fancy ``+=``).
@@ -144,7 +145,7 @@ class NeighbourGather:
         send = [0 if r == rank else c * fields for r, c in enumerate(counts_out)]
         receive = [0 if r == rank else c * fields for r, c in enumerate(counts_in)]
         collectives.alltoallv(self.grid.cart, outgoing, send, _offsets(send), incoming, receive, _offsets(receive),
-                              staged=staged)
+                              staged=staged, workspace=self._workspace)
         found, start = [], 0
         for r, count in enumerate(counts_in):
             if r == rank:

@@ -65,7 +65,7 @@ class AttentionS2(Attention):
         size, _, previous, following = self._ring()
         incoming = xp.empty(block.shape[:2] + (channels, self._points((owner + 1) % size)), dtype=block.dtype)
         collectives.sendrecv(self.grid.cart, xp.ascontiguousarray(block[:, :, :channels]).reshape(-1), previous,
-                             incoming.reshape(-1), following, staged=context.staged)
+                             incoming.reshape(-1), following, staged=context.staged, workspace=self._workspace)
         return incoming
 
     def _chunks(self, b, heads, queries, keys):
