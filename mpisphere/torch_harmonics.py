@@ -60,6 +60,14 @@ from .sht import (DistributedInverseRealSHT as _InverseSHT, DistributedInverseRe
 from .spectral_convolution import SpectralConvS2, spectral_truncation
 from .torch import apply
 from .torch_attention import DistributedAttentionS2, DistributedNeighborhoodAttentionS2
+from .torch_primitives import (azimuth_group, compute_polar_halo_radius, config, copy_to_azimuth_region,
+                               copy_to_polar_region, distributed_transpose_azimuth, distributed_transpose_polar,
+                               flatten_and_pad_leading_dims, gather_from_copy_to_polar_region,
+                               gather_from_polar_region, get_group_neighbors, is_distributed_azimuth,
+                               is_distributed_polar, polar_group, polar_halo_exchange, polar_halo_reduce,
+                               reduce_from_azimuth_region, reduce_from_polar_region,
+                               reduce_from_scatter_to_azimuth_region, reduce_from_scatter_to_polar_region,
+                               scatter_to_polar_region, split_tensor_along_dim, unpad_and_unflatten_leading_dims)
 from .torch_layers import (ParametrisedLayer, _constructing, _grid_of, _check_groups, _Nonlinear, _PerDtype, _shape,
                            compute_split_shapes, finalize, init, is_initialized, process_grid)
 from .torch_replicate import Replication, ReplicationWarning, replicate as _replicate
@@ -70,7 +78,14 @@ __all__ = ["init", "finalize", "is_initialized", "process_grid", "polar_group_si
            "DistributedDiscreteContinuousConvS2", "DistributedDiscreteContinuousConvTransposeS2",
            "DistributedQuadratureS2", "DistributedResampleS2", "DistributedSpectralConvS2",
            "DistributedNeighborhoodAttentionS2", "DistributedAttentionS2", "replicate",
-           "Replication", "ReplicationWarning"]
+           "Replication", "ReplicationWarning", "config", "polar_group", "azimuth_group", "is_distributed_polar",
+           "is_distributed_azimuth", "get_group_neighbors", "split_tensor_along_dim", "flatten_and_pad_leading_dims",
+           "unpad_and_unflatten_leading_dims", "compute_polar_halo_radius", "copy_to_polar_region",
+           "copy_to_azimuth_region", "reduce_from_polar_region", "reduce_from_azimuth_region",
+           "scatter_to_polar_region", "gather_from_polar_region", "reduce_from_scatter_to_polar_region",
+           "reduce_from_scatter_to_azimuth_region", "gather_from_copy_to_polar_region",
+           "distributed_transpose_polar", "distributed_transpose_azimuth", "polar_halo_exchange",
+           "polar_halo_reduce"]
 
 def polar_group_size():
     """The number of polar ranks of the process grid (torch-harmonics' polar group size)."""
@@ -115,6 +130,12 @@ def replicate(module, process_grid=None):
     return _replicate(module, _grid_of(process_grid))
 
 
+def _split_attributes(module, pg):
+    """torch-harmonics' ``comm_size_polar``, ``comm_rank_polar``, ``comm_size_azimuth``, ``comm_rank_azimuth``."""
+    module.comm_size_polar, module.comm_rank_polar = pg.npolar, pg.polar_rank
+    module.comm_size_azimuth, module.comm_rank_azimuth = pg.nazimuth, pg.azimuth.rank
+
+
 class _Transform(torch.nn.Module):
     _operator = None
     _coefficients_out = True
@@ -124,6 +145,7 @@ class _Transform(torch.nn.Module):
         super().__init__()
         pg = _grid_of(process_grid)
         self.process_grid = pg
+        _split_attributes(self, pg)
         with _constructing(pg, type(self).__name__, nlat=nlat, nlon=nlon, lmax=lmax, mmax=mmax, grid=grid, norm=norm,
                            csphase=csphase):
             self.nlat, self.nlon, self.grid, self.norm, self.csphase = nlat, nlon, grid, norm, csphase
@@ -177,11 +199,17 @@ class DistributedQuadratureS2(torch.nn.Module):
     def __init__(self, img_shape, grid="equiangular", normalize=False, *, process_grid=None):
         super().__init__()
         pg = _grid_of(process_grid)
+        self.process_grid = pg
+        _split_attributes(self, pg)
         with _constructing(pg, "DistributedQuadratureS2", img_shape=img_shape, grid=grid, normalize=normalize):
             self.img_shape, self.grid, self.normalize = _shape(img_shape, "img_shape"), grid, normalize
             self.lat_shapes = compute_split_shapes(img_shape[0], pg.npolar)
             self.lon_shapes = compute_split_shapes(img_shape[1], pg.nazimuth)
         self._ops = _PerDtype(lambda dtype: QuadratureS2(pg, self.img_shape, grid, normalize, dtype=dtype))
+        weights = numpy.asarray(self._ops(torch.float32).row_weights(numpy.empty(0)), dtype=numpy.float32)
+        local = torch.from_numpy(weights)[:, None].expand(-1, self.lon_shapes[pg.azimuth.rank])
+        # torch-harmonics' buffer: this rank's point weights (1, 1, h, w), float32
+        self.register_buffer("quad_weight", local.reshape((1, 1) + tuple(local.shape)).contiguous(), persistent=False)
 
     def forward(self, x):
         """``(..., h, w)`` tile -> ``(...)``: the integral over the sphere, the same on every rank."""
@@ -195,10 +223,12 @@ class DistributedResampleS2(torch.nn.Module):
                  mode="bilinear", *, process_grid=None):
         super().__init__()
         pg = _grid_of(process_grid)
+        self.process_grid = pg
+        _split_attributes(self, pg)
         with _constructing(pg, "DistributedResampleS2", nlat_in=nlat_in, nlon_in=nlon_in, nlat_out=nlat_out,
                            nlon_out=nlon_out, grid_in=grid_in, grid_out=grid_out, mode=mode):
             self.nlat_in, self.nlon_in, self.nlat_out, self.nlon_out = nlat_in, nlon_in, nlat_out, nlon_out
-            self.mode = mode
+            self.mode, self.grid_in, self.grid_out = mode, grid_in, grid_out
             self.lat_in_shapes = compute_split_shapes(nlat_in, pg.npolar)
             self.lon_in_shapes = compute_split_shapes(nlon_in, pg.nazimuth)
             self.lat_out_shapes = compute_split_shapes(nlat_out, pg.npolar)
@@ -227,6 +257,7 @@ class _DiscoLayer(ParametrisedLayer):
         name = type(self).__name__
         pg = _grid_of(process_grid)
         self.process_grid = pg
+        _split_attributes(self, pg)
         with _constructing(pg, name, in_channels=in_channels, out_channels=out_channels, in_shape=in_shape,
                            out_shape=out_shape, kernel_shape=kernel_shape, basis_type=basis_type,
                            basis_norm_mode=basis_norm_mode, groups=groups, grid_in=grid_in, grid_out=grid_out,
@@ -241,11 +272,17 @@ class _DiscoLayer(ParametrisedLayer):
             self.nlat_in, self.nlon_in = _shape(in_shape, "in_shape")
             self.nlat_out, self.nlon_out = _shape(out_shape, "out_shape")
             self.kernel_shape, self.optimized_kernel = kernel_shape, optimized_kernel
+            self.polar_mode, self.fused = polar_mode, fused
             self.lat_in_shapes = compute_split_shapes(self.nlat_in, pg.npolar)
             self.lon_in_shapes = compute_split_shapes(self.nlon_in, pg.nazimuth)
             self.lat_out_shapes = compute_split_shapes(self.nlat_out, pg.npolar)
             self.lon_out_shapes = compute_split_shapes(self.nlon_out, pg.nazimuth)
-            kernel_size = filter_basis(kernel_shape, basis_type).kernel_size
+            self.filter_basis = filter_basis(kernel_shape, basis_type)
+            kernel_size = self.filter_basis.kernel_size
+            self.nlat_in_local, self.nlon_in_local = self.lat_in_shapes[pg.polar_rank], self.lon_in_shapes[
+                pg.azimuth.rank]
+            self.nlat_out_local, self.nlon_out_local = self.lat_out_shapes[pg.polar_rank], self.lon_out_shapes[
+                pg.azimuth.rank]
         options = dict(basis_type=basis_type, basis_norm_mode=basis_norm_mode, groups=groups,
                        quadrature_in=grid_in, quadrature_out=grid_out, theta_cutoff=theta_cutoff)
         start = numpy.zeros((out_channels, self.groupsize, kernel_size))
@@ -299,6 +336,7 @@ class DistributedSpectralConvS2(ParametrisedLayer):
         super().__init__()
         pg = _grid_of(process_grid)
         self.process_grid = pg
+        _split_attributes(self, pg)
         with _constructing(pg, "DistributedSpectralConvS2", in_shape=in_shape, out_shape=out_shape,
                            in_channels=in_channels, out_channels=out_channels, num_groups=num_groups, grid_in=grid_in,
                            grid_out=grid_out, bias=bias):
@@ -310,6 +348,11 @@ class DistributedSpectralConvS2(ParametrisedLayer):
             self.m_shapes = compute_split_shapes(self.mmax, pg.nazimuth)
             self.lat_shapes = compute_split_shapes(in_shape[0], pg.npolar)
             self.lon_shapes = compute_split_shapes(in_shape[1], pg.nazimuth)
+            self.lmax_local, self.mmax_local = self.l_shapes[pg.polar_rank], self.m_shapes[pg.azimuth.rank]
+        # torch-harmonics' transforms of the layer, as modules (the layer's operator holds its own)
+        self.sht = DistributedRealSHT(*in_shape, lmax=self.lmax, mmax=self.mmax, grid=grid_in, process_grid=pg)
+        self.isht = DistributedInverseRealSHT(*out_shape, lmax=self.lmax, mmax=self.mmax, grid=grid_out,
+                                              process_grid=pg)
         shape = (num_groups, in_channels // num_groups, out_channels // num_groups, self.lmax)
         start = numpy.zeros(shape, dtype=numpy.complex128)
         self._ops = _PerDtype(lambda dtype: SpectralConvS2(pg, in_shape, out_shape, start, quadrature_in=grid_in,
