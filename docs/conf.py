@@ -88,4 +88,6 @@ sys.path.insert(0, os.path.abspath("."))
 nitpick_ignore_regex = [("py:class", r"mpisphere\.[\w.]*\._\w+"), ("py:class", r"torch\.nn\.(modules\.module\.)?Module")]
 nitpick_ignore = [("py:class", "mpisphere.sht.transforms.Transform"),
                   ("py:class", "mpisphere.operators.base.AdjointOperator"),
-                  ("py:class", "mpisphere.comm_operator.CommunicatorOperator")]
+                  ("py:class", "mpisphere.comm_operator.CommunicatorOperator"),
+                  ("py:class", "mpisphere.attention.base.Attention"),
+                  ("py:class", "mpisphere.torch_layers.ParametrisedLayer")]

@@ -61,7 +61,7 @@ class SpectralConvS2(ParametrisedOperator):
     this rank's tiles; ``adjoint``: the exact adjoint. ``gradients(x,
     y_bar)`` gives ``(x_bar, weight_bar, bias_bar)``, the parameters'
     whole-sphere gradients the same on every rank
-    (:class:`~mpisphere.operators.ParametrisedOperator`). Collective over
+    (:class:`~mpisphere.ParametrisedOperator`). Collective over
     ``grid.cart``; construction too.
     """
 

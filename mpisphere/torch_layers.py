@@ -5,7 +5,7 @@ dtype, construction as one collective step, and the autograd node of a module wi
 process-wide value of the drop-in, as ``torch_harmonics.distributed`` keeps
 its groups); every module also takes ``process_grid=`` instead. A module
 with parameters (``ParametrisedLayer``) runs its operator
-(:class:`~mpisphere.operators.ParametrisedOperator`) as one autograd node:
+(:class:`~mpisphere.ParametrisedOperator`) as one autograd node:
 the tensors named by ``_parameter_attributes`` are passed to the operator by
 ``set_parameters`` in the forward and again in the backward, whose
 ``gradients`` are the whole-sphere gradients of every parameter.

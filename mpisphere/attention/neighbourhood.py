@@ -2,7 +2,7 @@
 
 Each rank receives the input points its output points' neighbourhoods
 reach, each once, by one ``Alltoallv`` of the key and value inputs
-(:class:`~mpisphere.attention.gather.NeighbourGather`; its adjoint in the
+(``NeighbourGather`` (:mod:`mpisphere.attention.gather`); its adjoint in the
 backward): a cutoff of any width is served. Each output row's phases then
 read their arcs of every input ring as strided views of the extended rows,
 ring by ring with a running softmax: the scores of a whole tile are never

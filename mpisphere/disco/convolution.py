@@ -567,7 +567,7 @@ class DiscoConvS2(_DiscoBase):
     one the map is affine and has none). Both distributed over
     ``grid.cart``. ``gradients(x, y_bar)`` gives ``(x_bar, weight_bar,
     bias_bar)``, the parameters' whole-sphere gradients the same on every
-    rank (:class:`~mpisphere.operators.ParametrisedOperator`). Every call
+    rank (:class:`~mpisphere.ParametrisedOperator`). Every call
     compares the parameters across the ranks (a digest of each).
 
     Construction is collective over ``grid.cart``.

@@ -7,12 +7,12 @@ rank's tile of another with parameters that are the same on every rank
 so that no operator writes it again:
 
 * the parameters, by name (``parameter_names``), set together by
-  :meth:`ParametrisedOperator.set_parameters` (the subclass checks them
+  ``ParametrisedOperator.set_parameters`` (the subclass checks them
   in ``_prepare_parameters`` and derives its tables from them), each
   described once (a digest) for every call's agreement: a parameter that
   differs on one rank raises on every rank, naming the operator, the call
   and the rank;
-* :meth:`ParametrisedOperator.gradients`: the local checks, one agreement,
+* ``ParametrisedOperator.gradients``: the local checks, one agreement,
   the subclass's pass (``_gradient_parts``: the input's gradient and this
   rank's part of each parameter's), then one ``Allreduce`` over the grid of
   every parameter's part at once: whole-sphere gradients, the same on every
