@@ -19,7 +19,7 @@ import numpy
 import torch
 
 from . import backend, collectives
-from .agreement import Call, InputError
+from .agreement import Call, InputError, collective
 from .torch import as_array, as_tensor
 from .torch_layers import _grid_of
 
@@ -115,7 +115,7 @@ class _SphereNorm(torch.nn.Module):
     _axes = (2, 3)
 
     def _init_grid(self, process_grid):
-        self.process_grid = _grid_of(process_grid)
+        self.process_grid = self.grid = _grid_of(process_grid)    # grid: what @collective holds
 
     def _affine(self):
         return self.weight, self.bias
@@ -137,6 +137,7 @@ class _SphereNorm(torch.nn.Module):
         """This rank's part of a per-channel parameter's gradient: ``(C,)``."""
         return per_point.sum(axis=(0, 2, 3))
 
+    @collective
     def forward(self, x):
         """``(B, C, h, w)`` tile -> ``(B, C, h, w)`` tile, normalised with the whole sphere's statistics."""
         call = Call(self.process_grid.cart, f"{type(self).__name__}.forward")
