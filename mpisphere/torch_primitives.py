@@ -69,9 +69,7 @@ def get_group_neighbors(group):
     ``torch.distributed``; these are ranks of the grid's communicator.
     """
     grid = process_grid()
-    members = [grid.cart.rank] if group.size == 1 else None
-    if members is None:
-        members = [int(r) for r in _members(grid, group)]
+    members = _members(grid, group)
     here = members.index(grid.cart.rank)
     return members[(here - 1) % len(members)], members[(here + 1) % len(members)]
 
@@ -241,17 +239,17 @@ def polar_halo_exchange(x, r_lat):
     ``(B, C, H + 2 r_lat, W)``; backward: the halo's gradient summed back where its rows live."""
     if r_lat == 0 or not is_distributed_polar():
         return x
-    return apply(_polar_halo(x, r_lat), x)
+    return apply(_polar_halo(r_lat), x)
 
 
 def polar_halo_reduce(y, r_lat, H):
     """The adjoint of :func:`polar_halo_exchange`: ``(B, C, H + 2 r_lat, W)`` -> ``(B, C, H, W)``, each halo row
-    added to the rank that owns it."""
+    added to the rank that owns it (``H``, torch-harmonics' argument, is read off ``y`` here)."""
     if r_lat == 0 or not is_distributed_polar():
         return y
-    return apply(_polar_halo(y.narrow(2, r_lat, H), r_lat), y, adjoint=True)
+    return apply(_polar_halo(r_lat), y, adjoint=True)
 
 
-def _polar_halo(tile, r_lat):
+def _polar_halo(r_lat):
     """The polar halo of ``r_lat`` rows (zeros past the poles) on the process grid."""
     return HaloExchange(process_grid(), r_lat, 0)
