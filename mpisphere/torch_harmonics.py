@@ -61,6 +61,7 @@ from .spectral_convolution import SpectralConvS2, spectral_truncation
 from .torch import apply
 from .torch_attention import DistributedAttentionS2, DistributedNeighborhoodAttentionS2
 from .torch_dropout import DistributedDropout
+from .torch_embedding import DistributedPositionEmbedding
 from .torch_norms import DistributedBatchNorm2d, DistributedInstanceNorm2d, DistributedLayerNorm
 from .torch_primitives import (azimuth_group, compute_polar_halo_radius, config, copy_to_azimuth_region,
                                copy_to_polar_region, distributed_transpose_azimuth, distributed_transpose_polar,
@@ -80,7 +81,8 @@ __all__ = ["init", "finalize", "is_initialized", "process_grid", "polar_group_si
            "DistributedDiscreteContinuousConvS2", "DistributedDiscreteContinuousConvTransposeS2",
            "DistributedQuadratureS2", "DistributedResampleS2", "DistributedSpectralConvS2",
            "DistributedNeighborhoodAttentionS2", "DistributedAttentionS2", "DistributedInstanceNorm2d",
-           "DistributedLayerNorm", "DistributedBatchNorm2d", "DistributedDropout", "replicate",
+           "DistributedLayerNorm", "DistributedBatchNorm2d", "DistributedDropout",
+           "DistributedPositionEmbedding", "replicate",
            "Replication", "ReplicationWarning", "config", "polar_group", "azimuth_group", "is_distributed_polar",
            "is_distributed_azimuth", "get_group_neighbors", "split_tensor_along_dim", "flatten_and_pad_leading_dims",
            "unpad_and_unflatten_leading_dims", "compute_polar_halo_radius", "copy_to_polar_region",
