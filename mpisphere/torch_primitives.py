@@ -20,6 +20,7 @@ each time: these are for glue code, the modules keep theirs).
 import torch
 
 from . import config as _config
+from .agreement import Call, InputError
 from .geometry import latitude_support_band
 from .halo import HaloExchange
 from .partition import split_sizes
@@ -158,12 +159,18 @@ def _dim(tensor, dim):
 
 
 def _checked_shapes(who, comm, shapes):
-    """``shapes`` as the balanced split of their sum over ``comm``, or a ValueError naming the split's sizes."""
-    total = int(sum(shapes))
-    expected = list(split_sizes(total, comm.size))
-    if [int(s) for s in shapes] != expected:
-        raise ValueError(f"{who}: shapes_ {list(shapes)} are not the balanced split of {total} over {comm.size} "
-                         f"ranks; mpisphere splits as compute_split_shapes({total}, {comm.size}) = {expected}")
+    """``shapes`` as the balanced split of their sum over ``comm``, agreed over ``comm``: sizes that are not the
+    split's, or that differ between the ranks, raise on every rank (a local raise would leave the others waiting
+    in the exchange)."""
+    call = Call(comm, who)
+    total = None
+    with call.local():
+        total = int(sum(shapes))
+        expected = list(split_sizes(total, comm.size))
+        if [int(s) for s in shapes] != expected:
+            raise InputError(f"shapes_ {list(shapes)} are not the balanced split of {total} over {comm.size} "
+                             f"ranks; mpisphere splits as compute_split_shapes({total}, {comm.size}) = {expected}")
+    call.agree(shapes=[int(s) for s in shapes])
     return total
 
 

@@ -123,10 +123,11 @@ def test_scatter_gather_and_reduce_scatter_over_the_polar_ranks(initialised):
     assert torch.equal(out, whole)
     scaled = cotangent * (comm.rank + 1)
     assert torch.allclose(backward_of(out, scaled, x), chunk(cotangent * total, 1, comm), rtol=1e-14, atol=0)
-    if comm.size > 1:
-        with raises(ValueError, match=r"shapes_ \[.*\] are not the balanced split"):
-            thd.gather_from_polar_region(x, 1, shapes[::-1] if shapes[0] != shapes[-1] else [sum(shapes)] + [0] *
-                                         (comm.size - 1))
+    if comm.size > 1:     # sizes that are not the split's, on the last polar rank only: every rank raises
+        wrong = [sum(shapes)] + [0] * (comm.size - 1) if comm.rank == comm.size - 1 else shapes
+        with raises(ValueError, match=rf"rank {comm.size - 1} of {comm.size}: shapes_ \[.*\] are not the "
+                                      "balanced split"):
+            thd.gather_from_polar_region(x, 1, wrong)
 
 
 @pytest.mark.parametrize("group", ["polar", "azimuth"])
