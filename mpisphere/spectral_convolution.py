@@ -19,7 +19,7 @@ import numpy
 from . import backend, collectives, dtypes
 from .agreement import agree_construction
 from .integral import QuadratureS2
-from .operators import ADJOINT, DISTRIBUTED, FORWARD, Layout, ParametrisedOperator
+from .operators import ADJOINT, DISTRIBUTED, FORWARD, Layout, ParametrisedOperator, parameter
 from .quadrature import truncate_sht
 from .sht import DistributedInverseRealSHT, DistributedRealSHT
 from .tiling import RegularTiling
@@ -91,23 +91,9 @@ class SpectralConvS2(ParametrisedOperator):
 
     # --- parameters ------------------------------------------------------------------------------
 
-    @property
-    def weight(self):
-        """``(groups, in_channels // groups, out_channels // groups, lmax)`` complex, the same on every rank."""
-        return self._parameter_values["weight"]
-
-    @weight.setter
-    def weight(self, value):
-        self.set_parameters(weight=value)
-
-    @property
-    def bias(self):
-        """``(1, in_channels, lmax, lmax)`` complex or None, the same on every rank."""
-        return self._parameter_values["bias"]
-
-    @bias.setter
-    def bias(self, value):
-        self.set_parameters(bias=value)
+    weight = parameter("weight", "``(groups, in_channels // groups, out_channels // groups, lmax)`` complex, the same "
+                       "on every rank; settable.")
+    bias = parameter("bias", "``(1, in_channels, lmax, lmax)`` complex or None, the same on every rank; settable.")
 
     def _prepare_parameters(self, values):
         host = values["weight"]

@@ -16,8 +16,8 @@ therefore the whole sphere's.
 import numpy
 import torch
 
-from . import collectives
 from .agreement import Call
+from .operators.parametrised import sum_parts
 from .torch_layers import _grid_of
 
 __all__ = ["DistributedPositionEmbedding"]
@@ -76,9 +76,7 @@ class DistributedPositionEmbedding(torch.nn.Module):
         """``local`` (this rank's part of the embedding's gradient, host float64) summed over the grid, agreed."""
         call = Call(self.process_grid.cart, f"{type(self).__name__}.backward")
         call.agree(f"position embedding gradient {local.shape}")
-        total = numpy.empty_like(local)
-        collectives.allreduce(self.process_grid.cart, local, total)
-        return total
+        return sum_parts(self.process_grid.cart, [local])[0]
 
     def _index(self, whole):
         columns = slice(None) if whole.shape[-1] == 1 else self._columns

@@ -18,24 +18,13 @@ agrees first (batch, channels, dtype and mode alike on every rank).
 import numpy
 import torch
 
-from . import backend, collectives
+from . import backend
 from .agreement import Call, InputError, collective
+from .operators.parametrised import sum_parts
 from .torch import as_array, as_tensor
 from .torch_layers import _grid_of
 
 __all__ = ["DistributedInstanceNorm2d", "DistributedLayerNorm", "DistributedBatchNorm2d"]
-
-
-def _allreduce(grid, parts):
-    """Every array of ``parts`` (host float64) summed over the grid in one ``Allreduce``; the same shapes back."""
-    flat = numpy.concatenate([p.reshape(-1) for p in parts])
-    total = numpy.empty_like(flat)
-    collectives.allreduce(grid.cart, flat, total)
-    found, start = [], 0
-    for p in parts:
-        found.append(total[start:start + p.size].reshape(p.shape))
-        start += p.size
-    return found
 
 
 class _Normalise(torch.autograd.Function):
@@ -51,7 +40,7 @@ class _Normalise(torch.autograd.Function):
             local = [backend.to_host(xa.sum(axis=axes, dtype=numpy.float64)),
                      backend.to_host((xa.astype(numpy.float64) ** 2).sum(axis=axes)),
                      numpy.array([float(numpy.prod([xa.shape[a] for a in axes]))])]
-            sums, squares, count = _allreduce(module.process_grid, local)
+            sums, squares, count = sum_parts(module.process_grid.cart, local)
             mean = sums / count[0]
             var = numpy.maximum(squares / count[0] - mean * mean, 0.0)
             ctx.count = float(count[0])
@@ -90,7 +79,7 @@ class _Normalise(torch.autograd.Function):
             parts.append(module._parameter_part(backend.to_host((dy * normalised).astype(numpy.float64))))
         if shift is not None:
             parts.append(module._parameter_part(backend.to_host(dy.astype(numpy.float64))))
-        found = _allreduce(module.process_grid, parts) if parts else []
+        found = sum_parts(module.process_grid.cart, parts)
         x_bar = g * inverse
         if ctx.count is not None:
             sum_g, sum_gn = found[:2]

@@ -34,7 +34,7 @@ from ..agreement import InputError, Spec, agree_construction
 from ..geometry import polar_halo_radius
 from ..grid import check_finite
 from ..halo import HaloExchange
-from ..operators import ADJOINT, DISTRIBUTED, FORWARD, Layout, ParametrisedOperator
+from ..operators import ADJOINT, DISTRIBUTED, FORWARD, Layout, ParametrisedOperator, parameter
 from ..partition import split_sizes
 from ..quadrature import latitudes
 from ..stages.fourier import FourierStage, resolve_fft
@@ -210,23 +210,9 @@ class _DiscoBase(ParametrisedOperator):
 
     # --- the parameters --------------------------------------------------------------------------
 
-    @property
-    def weight(self):
-        """``(out_channels, in_channels // groups, kernel_size)``, the same on every rank; settable."""
-        return self._parameter_values["weight"]
-
-    @weight.setter
-    def weight(self, value):
-        self.set_parameters(weight=value)
-
-    @property
-    def bias(self):
-        """``(out_channels,)`` or None: added to every point of each output channel; settable."""
-        return self._parameter_values["bias"]
-
-    @bias.setter
-    def bias(self, value):
-        self.set_parameters(bias=value)
+    weight = parameter("weight", "``(out_channels, in_channels // groups, kernel_size)``, the same on every rank; "
+                       "settable.")
+    bias = parameter("bias", "``(out_channels,)`` or None: added to every point of each output channel; settable.")
 
     @property
     def linear(self):

@@ -59,7 +59,7 @@ from .base import AdjointOperator, LinearOperator, domain_dtype
 from .dottest import dottest, inner
 from .elementary import Diagonal, Identity
 from .layout import ADJOINT, DISTRIBUTED, FORWARD, REPLICATED, Layout, check_out
-from .parametrised import ParametrisedOperator
+from .parametrised import ParametrisedOperator, parameter
 
 __all__ = [
     "domain_dtype",
@@ -75,6 +75,7 @@ __all__ = [
     "LinearOperator",
     "AdjointOperator",
     "ParametrisedOperator",
+    "parameter",
     "Identity",
     "Diagonal",
     "check_out",

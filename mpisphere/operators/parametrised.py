@@ -32,7 +32,17 @@ from ..grid import check_tile
 from .base import LinearOperator, _allocate
 from .layout import ADJOINT
 
-__all__ = ["ParametrisedOperator"]
+__all__ = ["ParametrisedOperator", "parameter", "sum_parts"]
+
+
+def parameter(name, doc):
+    """A settable attribute for parameter ``name``: reads its value, ``op.name = value`` sets it alone."""
+    def read(self):
+        return self._parameter_values[name]
+
+    def write(self, value):
+        self.set_parameters(**{name: value})
+    return property(read, write, doc=doc)
 
 
 class ParametrisedOperator(LinearOperator):
@@ -217,24 +227,30 @@ class ParametrisedOperator(LinearOperator):
         return x_bar, {}
 
     def _sum_over_grid(self, parts):
-        """Every parameter's part summed over the grid in one ``Allreduce`` (float64, complex as pairs)."""
+        """Every parameter's part summed over the grid in one ``Allreduce``, in the parameters' dtypes."""
         names = [name for name in self.parameter_names if parts.get(name) is not None]
-        if not names:
-            return (None,) * len(self.parameter_names)
-        flats = []
-        for name in names:
-            part = numpy.asarray(parts[name])
-            wide = part.astype(numpy.complex128 if numpy.iscomplexobj(part) else numpy.float64)
-            flats.append(wide.reshape(-1).view(numpy.float64))
-        flat = numpy.concatenate(flats)
-        total = numpy.empty_like(flat)
-        collectives.allreduce(self.grid.cart, flat, total)
-        found, start = {}, 0
-        for name, piece in zip(names, flats):
-            value = self._parameter_values[name]
-            summed = total[start:start + piece.size]
-            start += piece.size
-            if numpy.iscomplexobj(parts[name]):
-                summed = summed.view(numpy.complex128)
-            found[name] = summed.reshape(value.shape).astype(value.dtype)
-        return tuple(found.get(name) for name in self.parameter_names)
+        summed = dict(zip(names, sum_parts(self.grid.cart, [parts[name] for name in names])))
+        return tuple(None if name not in summed else
+                     summed[name].reshape(self._parameter_values[name].shape).astype(self._parameter_values[name].dtype)
+                     for name in self.parameter_names)
+
+
+def sum_parts(comm, parts):
+    """Host arrays ``parts`` summed over ``comm`` in one ``Allreduce`` (float64; complex ones as complex128 pairs).
+
+    The one sum of the parametrised operators' gradients and of the torch layers' statistics; returns
+    the sums in ``parts``' order and shapes. Collective over ``comm`` (the caller has agreed).
+    """
+    if not parts:
+        return []
+    wide = [numpy.asarray(p).astype(numpy.complex128 if numpy.iscomplexobj(p) else numpy.float64) for p in parts]
+    flat = numpy.concatenate([w.reshape(-1).view(numpy.float64) for w in wide])
+    total = numpy.empty_like(flat)
+    collectives.allreduce(comm, flat, total)
+    found, start = [], 0
+    for w in wide:
+        size = w.size * (2 if numpy.iscomplexobj(w) else 1)
+        piece = total[start:start + size]
+        start += size
+        found.append((piece.view(numpy.complex128) if numpy.iscomplexobj(w) else piece).reshape(w.shape))
+    return found
