@@ -55,6 +55,8 @@ class DistributedPositionEmbedding(torch.nn.Module):
     process_grid : ProcessGrid, keyword-only
     """
 
+    mpisphere_sums_own_gradients = True  # (torch_replicate.SUMS_OWN_GRADIENTS) its backward sums them
+
     def __init__(self, embedding, *, process_grid=None):
         super().__init__()
         self.process_grid = _grid_of(process_grid)

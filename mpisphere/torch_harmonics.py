@@ -47,6 +47,7 @@ its groups); every module also takes ``process_grid=`` instead.
 """
 
 import math
+import sys
 
 import numpy
 import torch
@@ -61,6 +62,7 @@ from .spectral_convolution import SpectralConvS2, spectral_truncation
 from .torch import apply
 from .torch_attention import DistributedAttentionS2, DistributedNeighborhoodAttentionS2
 from .torch_dropout import DistributedDropout
+from .torch_distribute import distribute as _distribute
 from .torch_embedding import DistributedPositionEmbedding
 from .torch_norms import DistributedBatchNorm2d, DistributedInstanceNorm2d, DistributedLayerNorm
 from .torch_primitives import (azimuth_group, compute_polar_halo_radius, config, copy_to_azimuth_region,
@@ -73,6 +75,7 @@ from .torch_primitives import (azimuth_group, compute_polar_halo_radius, config,
                                scatter_to_polar_region, split_tensor_along_dim, unpad_and_unflatten_leading_dims)
 from .torch_layers import (ParametrisedLayer, _constructing, _grid_of, _check_groups, _Nonlinear, _PerDtype, _shape,
                            compute_split_shapes, finalize, init, is_initialized, process_grid)
+from .torch_spectral_filter import DistributedSpectralFilter
 from .torch_replicate import Replication, ReplicationWarning, replicate as _replicate
 
 __all__ = ["init", "finalize", "is_initialized", "process_grid", "polar_group_size", "azimuth_group_size",
@@ -82,7 +85,7 @@ __all__ = ["init", "finalize", "is_initialized", "process_grid", "polar_group_si
            "DistributedQuadratureS2", "DistributedResampleS2", "DistributedSpectralConvS2",
            "DistributedNeighborhoodAttentionS2", "DistributedAttentionS2", "DistributedInstanceNorm2d",
            "DistributedLayerNorm", "DistributedBatchNorm2d", "DistributedDropout",
-           "DistributedPositionEmbedding", "replicate",
+           "DistributedPositionEmbedding", "DistributedSpectralFilter", "distribute", "replicate",
            "Replication", "ReplicationWarning", "config", "polar_group", "azimuth_group", "is_distributed_polar",
            "is_distributed_azimuth", "get_group_neighbors", "split_tensor_along_dim", "flatten_and_pad_leading_dims",
            "unpad_and_unflatten_leading_dims", "compute_polar_halo_radius", "copy_to_polar_region",
@@ -133,6 +136,62 @@ def replicate(module, process_grid=None):
         drop-in modules sum themselves (``.own``).
     """
     return _replicate(module, _grid_of(process_grid))
+
+
+def distribute(model, process_grid=None):
+    """A copy of a serial model that takes and returns this rank's tiles; ``model`` is left unchanged. Collective.
+
+    Every torch-harmonics layer of the model becomes its distributed module
+    here (transforms, DISCO convolutions and their transposes, resampling,
+    quadrature, spectral convolution, neighbourhood and global attention),
+    with the serial module's arguments and parameters; so do the layers whose
+    meaning is over the whole sphere (instance, batch and two-axis layer
+    normalisation, element dropout, the example models' position embeddings
+    and spectral convolution). Pointwise layers run as they are. A layer that
+    cannot run on a tile is refused before anything is built, on every rank,
+    by its path in the model. Then :func:`replicate` covers the copy. See
+    :mod:`mpisphere.torch_distribute` for the whole list.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        A serial model on ``(batch, channels, nlat, nlon)`` fields
+        (torch-harmonics' example models, or any model of those layers).
+    process_grid : ProcessGrid, optional
+        Default: :func:`init`'s.
+
+    Returns
+    -------
+    torch.nn.Module
+        The distributed model: every spatial input is this rank's tile
+        ``(batch, channels, h, w)`` of the grid's split, and every spatial
+        output this rank's tile. Its ``state_dict()`` has the serial model's
+        keys and whole tensors (a serial model loads it, and a serial
+        checkpoint loads into it); after ``backward`` every parameter's
+        gradient is its whole-sphere gradient on every rank, so any torch
+        optimizer steps every rank alike; parameters (and, in training mode
+        with random layers, the torch generators' states) are compared across
+        the ranks at every forward. ``model.mpisphere_replication`` says
+        which parameters the hooks sum and which layers draw random numbers.
+
+    Raises
+    ------
+    ValueError
+        On every rank: a layer that cannot run on a tile, named by its path
+        with what to use instead; models that differ between the ranks; a
+        converted layer's own refusal (a DISCO cutoff wider than the split
+        serves, a block-diagonal spectral filter on a split azimuth).
+    TypeError
+        ``model`` is not a ``torch.nn.Module``.
+
+    Notes
+    -----
+    Building the distributed modules leaves the torch generator as it was.
+    Where torch-harmonics keeps no attribute for an argument (a DISCO
+    convolution's grids and ``basis_norm_mode``, an attention's grids), the
+    candidates are tried, serially, until one gives the module's own tables.
+    """
+    return _distribute(model, _grid_of(process_grid), sys.modules[__name__])
 
 
 def _split_attributes(module, pg):

@@ -101,6 +101,8 @@ class _Normalise(torch.autograd.Function):
 class _SphereNorm(torch.nn.Module):
     """What the three share: the grid, the agreement of a call, the autograd node."""
 
+    mpisphere_sums_own_gradients = True  # (torch_replicate.SUMS_OWN_GRADIENTS) its backward sums them
+
     _axes = (2, 3)
 
     def _init_grid(self, process_grid):

@@ -120,6 +120,7 @@ class Replication:
                 own.update(f"{path}.{name}" if path else name for name, _ in child.named_parameters())
         self.own = tuple(p for p in self.parameters if p in own)
         self.summed = tuple(p for p in self.parameters if p not in own)
+        self.random = ()   # the paths of layers that draw random numbers (distribute() fills it)
         self._handles = []
 
     def attach(self, module, call):
@@ -161,8 +162,12 @@ class Replication:
         with self.grid.holding(call.who):
             with call.local():
                 digests = {path: describe_parameter(_bits(p)) for path, p in self.parameters.items()}
-            call.agree(mismatch="hold different values of the model's parameters (each rank must hold the same: "
-                                "a checkpoint loaded or a step taken on some ranks only?)", **digests)
+                if self.random and module.training:
+                    # dropout masks are drawn alike on every rank only from generators in the same state
+                    digests[" random generator"] = describe_parameter(_generator_state(module))
+            call.agree(mismatch="hold different values of the model's parameters or random generator states (each "
+                                "rank must hold the same: a checkpoint loaded or a step taken on some ranks only, "
+                                "or torch.manual_seed with a different seed?)", **digests)
 
     def _sum(self, path, grad):
         """The hook of one parameter: its gradient summed over the grid (this backward's part only)."""
@@ -179,6 +184,12 @@ class Replication:
             summed = torch.view_as_complex(summed.reshape(tuple(grad.shape) + (2,)))
             return summed.to(grad.dtype).to(grad.device)
         return summed.reshape(grad.shape).to(grad.dtype).to(grad.device)
+
+
+def _generator_state(module):
+    """The state of the generator a module's random layers draw from (CPU, or the current CUDA device's)."""
+    cuda = any(p.is_cuda for p in module.parameters())
+    return (torch.cuda.get_rng_state() if cuda else torch.get_rng_state()).numpy()
 
 
 def replicate(module, grid):
