@@ -1,7 +1,7 @@
 """How each serial layer of a torch-harmonics model becomes its distributed module (the ``torch`` extra).
 
 :func:`mpisphere.torch_harmonics.distribute` walks a model and asks
-:func:`plan` about every module: a conversion (a function that builds the
+``plan`` about every module: a conversion (a function that builds the
 distributed module, collectively), nothing (the module runs on a tile as it
 is, or is a container of modules that are themselves asked), or a refusal
 (why, and what to use instead). ``plan`` is local and communicates nothing;
@@ -12,7 +12,7 @@ attributes. Where torch-harmonics keeps no attribute for one (a DISCO
 convolution's ``grid_in``, ``grid_out`` and ``basis_norm_mode``; an
 attention's grids), the candidates are tried in turn: a serial module built
 with a candidate whose tables (its buffers) equal the given module's, bit for
-bit, is the one (:func:`_identify`). No candidate matching is refused.
+bit, is the one (``_identify``). No candidate matching is refused.
 """
 
 import ast

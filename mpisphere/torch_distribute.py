@@ -24,7 +24,7 @@ normalisations over the channels, the examples' MLPs) run as they are. A
 layer that cannot run on a tile (a wider convolution, pooling, an FFT of the
 plane, a module of unknown kind whose ``forward`` calls ``interpolate``,
 ``pad``, ``roll`` or an FFT) is refused before anything is built, on every
-rank, by its path in the model. Then :func:`~mpisphere.torch_replicate.replicate`
+rank, by its path in the model. Then :func:`~mpisphere.torch_harmonics.replicate`
 covers the whole copy: every parameter holds rank 0's value, is compared
 across the ranks at every forward, and gets its whole-sphere gradient in the
 backward; in training mode, where the model has random layers, the ranks'

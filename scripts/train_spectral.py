@@ -39,6 +39,7 @@ from mpi4py import MPI
 import mpisphere.torch as mt
 from mpisphere import CopyTo, DistributedInverseRealSHT, DistributedRealSHT, ProcessGrid, ReduceFrom
 from mpisphere.examples import ShallowWaterSolver
+from swe_data import make_data, standardise
 
 
 class SpectralLayer(torch.nn.Module):
@@ -80,24 +81,6 @@ class SpectralNetwork(torch.nn.Module):
 
     def forward(self, x):
         return x + self.second(torch.nn.functional.gelu(self.first(x)))
-
-
-def make_data(swe, samples, seed, day_steps):
-    """``(inputs, targets)``: this rank's tiles ``(samples, 3, h, w)`` at the start and one model day later."""
-    start = [swe.random_initial_condition(mach=0.2, seed=seed + k) for k in range(samples)]
-    end = [swe.timestep(state, day_steps) for state in start]  # the model steps one state at a time
-    return numpy.stack([swe.spec2grid(s) for s in start]), numpy.stack([swe.spec2grid(s) for s in end])
-
-
-def standardise(fields, comm, stats=None):
-    """Per-channel mean and standard deviation over the whole grid (sums over the ranks), applied."""
-    if stats is None:
-        count = comm.allreduce(fields[:, 0].size)
-        mean = comm.allreduce(fields.sum(axis=(0, 2, 3))) / count
-        var = comm.allreduce(((fields - mean[None, :, None, None]) ** 2).sum(axis=(0, 2, 3))) / count
-        stats = (mean, numpy.sqrt(var))
-    mean, std = stats
-    return (fields - mean[None, :, None, None]) / std[None, :, None, None], stats
 
 
 def main(argv=None):

@@ -150,3 +150,18 @@ def test_scaling_model_runs_every_legendre_strategy(tmp_path):
         assert f"legendre='{strategy}'" in out, out
     rows = [line for line in out.splitlines() if line.startswith("| ") and line.split("|")[1].strip().isdigit()]
     assert [int(row.split("|")[1]) for row in rows] == [1, 2, 4] * 3, out
+
+
+def test_the_sfno_training_example_trains_and_a_serial_model_loads_its_checkpoint(tmp_path, request):
+    if not request.config.getoption("--mpi-full"):
+        pytest.skip("the SFNO training example runs under --mpi-full (about 20 s on 2 x 2 ranks here)")
+    if os.environ.get("MPISPHERE_REQUIRE_TORCH") != "1":
+        pytest.importorskip("torch")
+        pytest.importorskip("torch_harmonics")
+    out = launch(4, "train_sfno.py", "--samples", "8", "--epochs", "3", "--require-falling", cwd=tmp_path,
+                 timeout=300)
+    found = re.search(r"loaded by a serial torch-harmonics SFNO on one rank: test loss (\S+) \(distributed (\S+)\); "
+                      r"largest difference of the predictions (\S+) of the largest value", out)
+    assert found, out
+    assert float(found.group(3)) <= 1e-4, out       # float32 through the model: rounding, against the largest value
+    assert "loss fell" in out, out
