@@ -2,8 +2,8 @@
 
     mpiexec -n 4 python -m mpi4py scripts/train_sfno.py                       # 2 x 2 ranks, a few minutes here
     mpiexec -n 4 python -m mpi4py scripts/train_sfno.py --samples 8 --epochs 3 --require-falling   # CI, small
-    mpiexec -n 2 python -m mpi4py scripts/train_sfno.py --grid 2x1 --time-steps 10 --nlat 91 --nlon 180 \\
-        --batch 4 --epochs 0                                                   # the time per training step
+    mpiexec -n 2 python -m mpi4py scripts/train_sfno.py --time-steps 10 --nlat 91 --nlon 180 --batch 4 \\
+        --epochs 0                                       # the time per training step on 1x1, 1x2 and 2x1
 
 The data, as torch-harmonics' own shallow-water training makes it with its
 solver: random initial states of mpisphere's distributed shallow-water model
@@ -19,9 +19,10 @@ SFNO and evaluates that on the whole test fields on one rank: the serial and
 distributed predictions and test losses are printed side by side, and the
 loss curve drawn (``--plot``; matplotlib, the ``plot`` extra).
 
-``--time-steps K`` times ``K`` training steps after ``--warmup`` (medians,
-each rank's step ended by a barrier) and, on one rank, the serial
-torch-harmonics model's steps on the whole fields, interleaved with ours.
+``--time-steps K`` times ``K`` rounds after ``--warmup``: each round runs one
+training step on every grid of ``--grids`` (each on the first ranks of the
+launch, the others waiting at a barrier) and one of the serial
+torch-harmonics model on rank 0, on the same whole fields; medians per case.
 """
 
 import argparse
@@ -65,6 +66,7 @@ def parse(argv):
     parser.add_argument("--plot", default="train_sfno.png")
     parser.add_argument("--checkpoint", default="train_sfno.pt")
     parser.add_argument("--time-steps", type=int, default=0, help="time this many training steps (see above)")
+    parser.add_argument("--grids", default="1x1,1x2,2x1", help="the grids --time-steps times, in one launch")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--require-falling", action="store_true",
                         help="exit with status 1 unless the last epoch's loss is below the first's (for CI)")
@@ -86,15 +88,16 @@ def main(argv=None):
         return quadrature((prediction - truth) ** 2).mean()
 
     serial = build(args)
-    model = thd.distribute(serial)
-    say(f"{grid.npolar} x {grid.nazimuth} ranks, SFNO {args.nlat} x {args.nlon}, embed_dim {args.width}, "
-        f"{args.layers} layers, {sum(p.numel() for p in model.parameters())} parameters")
+    say(f"SFNO {args.nlat} x {args.nlon}, embed_dim {args.width}, {args.layers} layers, "
+        f"{sum(p.numel() for p in serial.parameters())} parameters")
     if args.time_steps:
-        time_steps(args, grid, serial, model, loss_of, lat, lon)
+        time_steps(args, serial)
     if args.epochs == 0:
         thd.finalize()
         grid.free()
         return 0
+    model = thd.distribute(serial)
+    say(f"training on {grid.npolar} x {grid.nazimuth} ranks")
 
     swe = ShallowWaterSolver(grid, args.nlat, args.nlon, args.dt, quadrature="equiangular")
     steps = round(args.hours * 3600.0 / args.dt)
@@ -168,57 +171,60 @@ def check_serially(args, grid, model, x_test, y_test):
           f"{difference:.1e} of the largest value")
 
 
-def time_steps(args, grid, serial, model, loss_of, lat, lon):
-    """Median time of a training step, ours and (on one rank) the serial torch-harmonics model's, interleaved."""
+def time_steps(args, serial):
+    """Median time of a training step on each grid of ``--grids`` and of the serial torch-harmonics model (on rank 0),
+    in interleaved rounds of one launch: each round runs every case once, the ranks outside a case waiting."""
     import torch_harmonics as th
+    world = MPI.COMM_WORLD
     torch.manual_seed(1)
     x = torch.randn(args.batch, 3, args.nlat, args.nlon)
     y = torch.randn(args.batch, 3, args.nlat, args.nlon)
-    tile_x, tile_y = x[..., lat, lon].contiguous(), y[..., lat, lon].contiguous()
-    ours_opt = torch.optim.SGD(model.parameters(), lr=1e-4)
-    reference = grid.size == 1
-    serial_quadrature = th.QuadratureS2((args.nlat, args.nlon), normalize=True)
-    serial_opt = torch.optim.SGD(serial.parameters(), lr=1e-4)
-
-    def ours():
-        grid.cart.Barrier()
-        start = time.perf_counter()
-        ours_opt.zero_grad()
-        loss_of(model(tile_x), tile_y).backward()
-        ours_opt.step()
-        grid.cart.Barrier()
-        return time.perf_counter() - start
-
-    def theirs():
-        start = time.perf_counter()
-        serial_opt.zero_grad()
-        serial_quadrature((serial(x) - y) ** 2).mean().backward()
-        serial_opt.step()
-        return time.perf_counter() - start
-
-    mine, other = [], []
+    cases = []                        # (name, step or None on the ranks outside it)
+    for name in args.grids.split(","):
+        npolar, nazimuth = (int(v) for v in name.lower().split("x"))
+        inside = world.rank < npolar * nazimuth
+        sub = world.Split(0 if inside else MPI.UNDEFINED, world.rank)
+        if not inside:
+            cases.append((name, None))
+            continue
+        grid = ProcessGrid(sub, npolar, nazimuth)
+        model = thd.distribute(serial, process_grid=grid)
+        quadrature = thd.DistributedQuadratureS2((args.nlat, args.nlon), normalize=True, process_grid=grid)
+        lat, lon = grid.local_slices(args.nlat, args.nlon)
+        cases.append((name, _stepper(model, quadrature, x[..., lat, lon].contiguous(),
+                                     y[..., lat, lon].contiguous())))
+    if world.rank == 0:
+        cases.append(("torch-harmonics", _stepper(serial, th.QuadratureS2((args.nlat, args.nlon), normalize=True),
+                                                  x, y)))
+    else:
+        cases.append(("torch-harmonics", None))
+    times = {name: [] for name, _ in cases}
     for k in range(args.warmup + args.time_steps):
-        t = ours()
-        s = theirs() if reference else None
-        if k >= args.warmup:
-            mine.append(t)
-            if s is not None:
-                other.append(s)
-    peak = _peak_memory_mb()
-    peaks = grid.cart.gather(peak, root=0)
-    if grid.rank == 0:
-        line = (f"time per training step, batch {args.batch}, {args.nlat} x {args.nlon}, {grid.npolar} x "
-                f"{grid.nazimuth} ranks: {statistics.median(mine) * 1e3:.1f} ms (median of {len(mine)})")
-        if other:
-            line += (f"; serial torch-harmonics SFNO {statistics.median(other) * 1e3:.1f} ms "
-                     f"(ratio {statistics.median(mine) / statistics.median(other):.2f})")
-        print(line)
-        print(f"peak resident memory per rank: {max(peaks):.0f} MB (largest), {min(peaks):.0f} MB (smallest)")
+        for name, step in cases:
+            world.Barrier()
+            start = time.perf_counter()
+            if step is not None:
+                step()
+            world.Barrier()
+            if k >= args.warmup:
+                times[name].append(time.perf_counter() - start)
+    if world.rank == 0:
+        base = statistics.median(times[cases[0][0]])
+        print(f"time per training step, batch {args.batch}, {args.nlat} x {args.nlon}, medians of {args.time_steps} "
+              f"interleaved rounds ({world.size} ranks launched):")
+        for name, _ in cases:
+            median = statistics.median(times[name])
+            print(f"  {name:>16s}: {median * 1e3:8.1f} ms  ({median / base:.2f}x {cases[0][0]})")
 
 
-def _peak_memory_mb():
-    import resource
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+def _stepper(model, quadrature, x, y):
+    optimiser = torch.optim.SGD(model.parameters(), lr=1e-4)
+
+    def step():
+        optimiser.zero_grad()
+        quadrature((model(x) - y) ** 2).mean().backward()
+        optimiser.step()
+    return step
 
 
 def plot(path, losses, tests):
