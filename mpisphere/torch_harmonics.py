@@ -35,7 +35,9 @@ What differs, on purpose:
   trains outside a replicated model warns once (:class:`ReplicationWarning`).
 * **Precision follows the input**: float32 or float64 throughout
   (torch-harmonics computes its spectral convolution in float32 whatever
-  the input).
+  the input); the DISCO convolutions run their longitude FFTs of float32
+  data in float64, which makes them more accurate than torch-harmonics'
+  float32 sums.
 * The DISCO convolutions serve the cutoffs the polar halo reaches (the
   neighbouring polar ranks); a wider one is refused on every rank, naming
   the widest this split serves (``polar_mode="halo-exchange"``, the only

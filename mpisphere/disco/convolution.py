@@ -284,10 +284,11 @@ class _DiscoBase(ParametrisedOperator):
             front = [Transpose(g.azimuth, axes=(0, 2), extents=(items_in, nlon_in), pool=pool)]
             if self._transposed and self.stride > 1:
                 front.append(LongitudeStride(self.nfft, self.stride, layout).H)
-            front += [FourierStage(self.nfft, self.dtype, False, layout, self.fft),
+            # the FFTs of float32 data in float64: in float32 their rounding was most of the layer's error
+            front += [FourierStage(self.nfft, self.dtype, False, layout, self.fft, float64_arithmetic=True),
                       Transpose(g.azimuth, axes=(2, 0), extents=(self.half, items_in), pool=pool)]
             back = [Transpose(g.azimuth, axes=(0, 2), extents=(items_out, self.half), pool=pool),
-                    FourierStage(self.nfft, self.dtype, True, layout, self.fft)]
+                    FourierStage(self.nfft, self.dtype, True, layout, self.fft, float64_arithmetic=True)]
             if not self._transposed and self.stride > 1:
                 back.append(LongitudeStride(self.nfft, self.stride, layout))
             back.append(Transpose(g.azimuth, axes=(2, 0), extents=(nlon_out, items_out), pool=pool))
