@@ -5,7 +5,7 @@ from mpi4py import MPI
 
 from . import backend, dtypes
 from .operators import Abilities, InputError, LinearOperator
-from .validation import check_int
+from .validation import check_int, is_process_grid
 
 __all__ = ["CommunicatorOperator", "along", "check_axis", "check_moved_dtype"]
 
@@ -32,7 +32,7 @@ class CommunicatorOperator(LinearOperator):
     """Shared set-up of the operators that run on one communicator."""
 
     def __init__(self, comm):
-        if hasattr(comm, "cart") and hasattr(comm, "polar"):
+        if is_process_grid(comm):
             raise TypeError(f"{self.name}: comm must be an mpi4py Intracomm, got a {type(comm).__name__}; pass one of "
                             "its communicators: grid.polar, grid.azimuth or grid.cart")
         if not isinstance(comm, MPI.Intracomm):

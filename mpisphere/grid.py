@@ -20,8 +20,8 @@ import numpy
 from mpi4py import MPI
 
 from . import backend, collectives, cuda_aware, dtypes
-from .agreement import REFUSED, Call, CallGuard, InputError, collective, raise_everywhere
-from .agreement.failures import Failures, begin_call, raise_finding, raise_noted_failure
+from .agreement import REFUSED, Call, CallGuard, InputError, collective, guarded, raise_everywhere
+from .agreement.failures import Failures, raise_finding
 from .agreement.stall import ExitNotice
 from .launch import world_mismatch
 from .partition import split_sizes
@@ -536,17 +536,8 @@ class ProcessGrid:
 
         def refusal():
             raise_everywhere(self.cart, who, InputError(REFUSED, RuntimeError))
-        if not self.guard.enter(refusal):
-            raise RuntimeError(f"{who}: {REFUSED} on this rank; the other ranks raise too when that call ends")
-        completed = False
-        if self.guard.outermost:
-            begin_call(self.cart)
-        try:
+        with guarded(self.guard, self.cart, who, refusal, settles=lambda: not self._freed):
             yield
-            completed = True
-        finally:
-            if self.guard.leave() and completed and not self._freed:
-                raise_noted_failure(self.cart, who)  # a halo call that failed elsewhere (agreement.failures)
 
     def _fit_tiles(self, everyone):
         """Global shape from all ranks' ``(shape, dtype)``; ValueError (same on all ranks) if they do not fit."""

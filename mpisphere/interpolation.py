@@ -25,7 +25,6 @@ no enclosing cell and are refused.
 """
 
 import math
-import warnings
 
 import numpy
 
@@ -38,7 +37,7 @@ from .quadrature import latitudes, rule
 from .ring_tiles import RingTiles
 from .rings import RingGeometry
 from .tiling import RegularTiling, Tiling
-from .validation import check_int
+from .validation import check_int, is_process_grid
 
 __all__ = ["PointInterpolation"]
 
@@ -87,8 +86,8 @@ class PointInterpolation(LinearOperator):
     argument, the points by a hash of their bytes (so two different point
     sets never pass as one, and identical sets with NaNs in them are the same).
     ``PointInterpolation(grid, rings, None, lats, lons)`` (a
-    :class:`~mpisphere.RingGeometry` in place of ``nlat``) still works and
-    warns (``DeprecationWarning``): pass ``RingTiles(grid, rings)``.
+    :class:`~mpisphere.RingGeometry` in place of ``nlat``, deprecated in
+    0.4.0) is refused since 0.4.3: pass ``RingTiles(grid, rings)``.
 
     Raises
     ------
@@ -163,7 +162,7 @@ def _tiling_and_points(who, grid, args, quadrature):
             raise TypeError(f"{who}(tiling, lats, lons): expected the points after the tiling, got {len(args)} "
                             "more arguments")
         return (grid,) + tuple(args)
-    if not (hasattr(grid, "cart") and hasattr(grid, "local_slices")):
+    if not is_process_grid(grid):
         raise TypeError(f"{who}: the first argument must be a tiling (grid.tiling(nlat, nlon), RingTiles) or a "
                         f"ProcessGrid, got {type(grid).__name__}")
     if len(args) != 4:
@@ -171,12 +170,8 @@ def _tiling_and_points(who, grid, args, quadrature):
                         f"{len(args)}")
     nlat, nlon, lats, lons = args
     if isinstance(nlat, RingGeometry):
-        if nlon is not None:
-            raise ValueError(f"{who}: pass nlon=None with a RingGeometry, got nlon={nlon!r}")
-        warnings.warn(f"{who}(grid, rings, None, lats, lons) is deprecated and will be removed after the next "
-                      "release: pass the grid's tiling, PointInterpolation(RingTiles(grid, rings), lats, lons)",
-                      DeprecationWarning, stacklevel=4)
-        return RingTiles(grid, nlat), lats, lons
+        raise TypeError(f"{who}(grid, rings, None, lats, lons) was removed in 0.4.3 (deprecated since 0.4.0): pass "
+                        "the grid's tiling, PointInterpolation(RingTiles(grid, rings), lats, lons)")
     nlat = check_int(nlat, "nlat", who, minimum=2)
     nlon = check_int(nlon, "nlon", who, minimum=1)
     return grid.tiling(nlat, nlon), lats, lons

@@ -215,7 +215,7 @@ class ResampleS2(ParametrisedOperator):
         rows_padded, cols_padded = h + 2 * self.rows, w + 2 * self.cols
         extended = xp.zeros((batch, rows_padded + 2, cols_padded), dtype=self.dtype)
         if self.rows or self.cols:
-            self.halo._run(FORWARD, x, extended[:, :rows_padded], context)
+            self.halo.run_agreed(FORWARD, x, extended[:, :rows_padded], context)
         else:
             extended[:, :rows_padded] = x
         means = self._ring_sums(x, context) / self.in_shape[1]
@@ -247,7 +247,7 @@ class ResampleS2(ParametrisedOperator):
         poles = xp.ascontiguousarray(extended[:, rows_padded:].sum(axis=-1))
         self._pole_sums(poles, context)
         if self.rows or self.cols:
-            self.halo._run(ADJOINT, xp.ascontiguousarray(extended[:, :rows_padded]), target, context)
+            self.halo.run_agreed(ADJOINT, xp.ascontiguousarray(extended[:, :rows_padded]), target, context)
         else:
             target[...] = extended[:, :rows_padded]
         if self.linear:

@@ -165,12 +165,12 @@ class SpectralConvS2(ParametrisedOperator):
     def _integral(self, x, context):
         """``I(x)``, ``(..., in_channels)``, replicated."""
         out = backend.array_module(x).empty(x.shape[:-2], dtype=self.dtype)
-        self.quadrature._run(FORWARD, x, out, context)
+        self.quadrature.run_agreed(FORWARD, x, out, context)
         return out
 
     def _coefficients(self, x, coefficients, context):
         """The SHT of ``x`` moved by the bias: the contraction's input."""
-        self.sht._run(FORWARD, x, coefficients, context)
+        self.sht.run_agreed(FORWARD, x, coefficients, context)
         _, bias = self._parameters(x)
         if bias is not None:
             coefficients += self._integral(x, context)[..., None, None] * bias
@@ -178,7 +178,7 @@ class SpectralConvS2(ParametrisedOperator):
 
     def _adjoint_into(self, coefficients, out, context):
         """``out`` = the adjoint of :meth:`_coefficients` applied to ``coefficients``."""
-        self.sht._run(ADJOINT, coefficients, out, context)
+        self.sht.run_agreed(ADJOINT, coefficients, out, context)
         _, bias = self._parameters(coefficients)
         if bias is not None:
             xp = backend.array_module(coefficients)
@@ -195,9 +195,9 @@ class SpectralConvS2(ParametrisedOperator):
         if direction == FORWARD:
             self._coefficients(x, spectrum_in, context)
             self._mix(FORWARD, spectrum_in, spectrum_out, weight)
-            self.isht._run(FORWARD, spectrum_out, out, context)
+            self.isht.run_agreed(FORWARD, spectrum_out, out, context)
         else:
-            self.isht._run(ADJOINT, x, spectrum_out, context)
+            self.isht.run_agreed(ADJOINT, x, spectrum_out, context)
             self._mix(ADJOINT, spectrum_out, spectrum_in, weight)
             self._adjoint_into(spectrum_in, out, context)
 
@@ -208,7 +208,7 @@ class SpectralConvS2(ParametrisedOperator):
         weight, bias = self._parameters(x)
         spectrum_in, spectrum_out = self._blocks(x, lead)
         self._coefficients(x, spectrum_in, context)
-        self.isht._run(ADJOINT, y_bar, spectrum_out, context)
+        self.isht.run_agreed(ADJOINT, y_bar, spectrum_out, context)
         options = {"optimize": True} if xp is numpy else {}
         local = xp.einsum("...gilm,...golm->giol", self._grouped(spectrum_in, self.in_channels).conj(),
                           self._grouped(spectrum_out, self.out_channels), **options)

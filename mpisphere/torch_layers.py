@@ -23,6 +23,7 @@ from .operators import FORWARD
 from .partition import split_sizes
 from .torch import RECORDED, as_array, as_tensor
 from .torch_replicate import ReplicationWarning
+from .validation import is_process_grid
 
 __all__ = ["init", "finalize", "is_initialized", "process_grid", "compute_split_shapes", "ParametrisedLayer"]
 
@@ -31,7 +32,7 @@ _DEFAULT_GRID = contextvars.ContextVar("mpisphere.torch_harmonics grid", default
 
 def init(grid):
     """Make ``grid`` (a :class:`~mpisphere.ProcessGrid`) the process grid of the modules built from now on."""
-    if not hasattr(grid, "cart") or not hasattr(grid, "npolar"):
+    if not is_process_grid(grid):
         raise TypeError(f"mpisphere.torch_harmonics.init: expected a ProcessGrid, got {type(grid).__name__} "
                         "(torch-harmonics takes two process groups; mpisphere one ProcessGrid of both)")
     _DEFAULT_GRID.set(grid)

@@ -1,13 +1,16 @@
-"""The one place arguments are checked: integers, choices among names, dtypes for a role.
+"""The one place arguments are checked: integers, choices among names, dtypes for a role, a process grid.
 
 Every constructor and function of mpisphere checks its plain arguments
-through these three functions, so the same mistake reads the same wherever
+through these functions, so the same mistake reads the same wherever
 it is made: ``"<who>: <name> must be ..., got <value>"``, a ``TypeError``
 for the wrong kind of value and a ``ValueError`` for a value out of range.
 Which dtypes a role admits is :mod:`mpisphere.dtypes`' policy; arrays are
 checked where an operator call describes them (``Spec.of``, one place too).
 
-``tests/test_architecture.py`` refuses these messages written anywhere else.
+``tests/test_architecture.py`` refuses these messages written anywhere else,
+and a test of "is this a ProcessGrid" written anywhere but
+``is_process_grid`` (this module sits below :mod:`mpisphere.grid`, so it
+asks for what a grid has instead of importing the class).
 """
 
 import operator
@@ -16,7 +19,9 @@ import numpy
 
 from . import dtypes
 
-__all__ = ["check_int", "check_choice", "check_dtype"]
+__all__ = ["check_int", "check_choice", "check_dtype", "is_process_grid", "check_process_grid"]
+
+_GRID_PARTS = ("cart", "polar", "azimuth", "npolar", "nazimuth", "holding")
 
 
 def _prefix(who):
@@ -75,3 +80,21 @@ def check_dtype(dtype, role, name="dtype", who=None):
     if problem is not None:
         raise TypeError(f"{_prefix(who)}{name}: {problem}")
     return numpy.dtype(dtype)
+
+
+def is_process_grid(value):
+    """Whether ``value`` is a :class:`~mpisphere.ProcessGrid`: its three communicators, its shape and its guard.
+
+    The one test of it in the package (``tests/test_architecture.py`` refuses another).
+    """
+    return all(hasattr(value, part) for part in _GRID_PARTS)
+
+
+def check_process_grid(value, name="grid", who=None):
+    """``value`` if it is a ProcessGrid; else ``TypeError`` ("<who>: <name> must be a ProcessGrid, got ..."),
+    with a hint where ``value`` is a communicator."""
+    if not is_process_grid(value):
+        hint = (" (a communicator; pass the ProcessGrid it belongs to, or build one: ProcessGrid(comm))"
+                if hasattr(value, "Get_size") else "")
+        raise TypeError(f"{_prefix(who)}{name} must be a ProcessGrid, got {type(value).__name__}{hint}")
+    return value

@@ -158,8 +158,12 @@ OWN_RULES = {
         re.compile(r"dtype(?:\.name)? (?:not )?in \(|dtype must be (?:float|real|complex)"),
     "an integer check written out (use validation.check_int)": re.compile(r"operator\.index\(|must be an integer"),
     "a choice check written out (use validation.check_choice)": re.compile(r"must be one of|choose one of"),
+    "a test of a ProcessGrid written out (use validation.is_process_grid or check_process_grid)":
+        re.compile(r"""hasattr\([\w.]+, ["'](?:cart|npolar|nazimuth|polar_neighbors|holding|local_slices)["']\)"""),
+    "a call guard's protocol written out (use agreement.guarded)": re.compile(r"\.enter\(\w*\)|guard\.leave\(\)"),
+    "another object's private _run called (use its run_agreed)": re.compile(r"(?<!\bself)(?<!\(\))\._run\("),
 }
-RULE_HOMES = {"dtypes", "backend", "validation"}
+RULE_HOMES = {"dtypes", "backend", "validation", "agreement.guard"}
 
 
 def test_dtype_tables_checks_and_caches_live_in_their_modules():
@@ -183,6 +187,9 @@ def test_the_rules_see_second_copies():
         "a dtype table": "if dtype not in (numpy.float32, numpy.float64):",
         "an integer check": "n = operator.index(n)",
         "a choice check": "raise ValueError(f'norm must be one of {NORMS}')",
+        "a test of a ProcessGrid": 'if not (hasattr(grid, "cart") and hasattr(grid, "npolar")):',
+        "a call guard's protocol": "if not guard.enter(refusal):",
+        "another object's private _run": "self.halo._run(FORWARD, x, out, context)",
     }
     for start, line in samples.items():
         found = [what for what, rule in OWN_RULES.items() if rule.search(line)]

@@ -402,7 +402,7 @@ def test_halo_reduce_messages_name_halo_reduce(grid):
 
 def test_messages_that_teach(grid):
     with raises(TypeError, match=r"HaloExchange: grid must be a ProcessGrid, got GridComm \(a communicator; "
-                                        r"pass the ProcessGrid it belongs to\)"):
+                                        r"pass the ProcessGrid it belongs to, or build one: ProcessGrid\(comm\)\)"):
         HaloExchange(grid.cart, 1)
     with raises(TypeError, match=r"HaloExchange: extents\[0\] \(nlat\) must be an integer, got 13.0"):
         HaloExchange(grid, 1, extents=(13.0, 10))

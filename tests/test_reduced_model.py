@@ -87,21 +87,13 @@ def test_what_a_model_on_rings_refuses(grid):
         ShallowWaterSolver(RingTiles(grid, rings), nlat=8, dt=600.0)
     with raises(TypeError, match="dt given twice"):
         ShallowWaterSolver(RingTiles(grid, rings), 600.0, dt=600.0)
-    # the form of the last release, a RingGeometry in place of nlat: warned, and its checks as before
-    with pytest.warns(DeprecationWarning, match=r"ShallowWaterSolver\(RingTiles\(grid, rings\), dt\)"):
-        with raises(ValueError, match="nlon=None"):
-            ShallowWaterSolver(grid, rings, 32, 600.0)
+    # the form deprecated in 0.4.0, a RingGeometry in place of nlat, is refused with the form to use
+    with raises(TypeError, match=r"removed in 0.4.3.*ShallowWaterSolver\(RingTiles\(grid, rings\), dt\)"):
+        ShallowWaterSolver(grid, rings, None, 600.0)
 
 
-def test_a_model_on_a_tiling_is_the_model_of_the_last_release(grid):
-    """The tiling form and the deprecated RingGeometry form build the same model; a regular tiling is (nlat, nlon)."""
-    rings = RingGeometry.octahedral(8)
-    new = ShallowWaterSolver(RingTiles(grid, rings), 600.0)
-    with pytest.warns(DeprecationWarning):
-        old = ShallowWaterSolver(grid, rings, None, 600.0)
-    state = new.galewsky_initial_condition()
-    numpy.testing.assert_array_equal(state, old.galewsky_initial_condition())
-    numpy.testing.assert_array_equal(new.timestep(state, 2), old.timestep(state, 2))
+def test_a_model_on_a_regular_tiling_is_the_model_on_nlat_and_nlon(grid):
+    """A regular tiling is (nlat, nlon): the two forms build the same model."""
     regular = ShallowWaterSolver(grid.tiling(16, 32), 600.0, quadrature="legendre-gauss")
     same = ShallowWaterSolver(grid, 16, 32, 600.0, quadrature="legendre-gauss")
     numpy.testing.assert_array_equal(regular.galewsky_initial_condition(), same.galewsky_initial_condition())

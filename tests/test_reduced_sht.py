@@ -372,11 +372,9 @@ def test_point_interpolation_on_rings(grid, rings):
     assert dottest(op, x, y + 0.1) <= 1e-13
     with raises(ValueError, match="poleward"):
         mpisphere.PointInterpolation(tiles, [1.56], [0.0])
-    # the form of the last release: a RingGeometry in place of nlat, warned, the same operator
-    with pytest.warns(DeprecationWarning, match=r"PointInterpolation\(RingTiles\(grid, rings\), lats, lons\)"):
-        old = mpisphere.PointInterpolation(grid, rings, None, lats, lons)
-    assert numpy.array_equal(old.indices, op.indices)
-    numpy.testing.assert_array_equal(old.forward(x), y)
+    # the form deprecated in 0.4.0, a RingGeometry in place of nlat, is refused with the form to use
+    with raises(TypeError, match=r"removed in 0.4.3.*PointInterpolation\(RingTiles\(grid, rings\), lats, lons\)"):
+        mpisphere.PointInterpolation(grid, rings, None, lats, lons)
 
 
 @pytest.mark.parametrize("legendre", STRATEGIES)

@@ -429,7 +429,8 @@ def test_torch_harmonics_spelling_gets_a_type_error_that_teaches(grid):
     with raises(TypeError, match=r"DistributedInverseRealSHT: the first argument is the ProcessGrid"):
         DistributedInverseRealSHT(64, 128)
     with raises(TypeError, match=r"DistributedRealSHT: grid must be a ProcessGrid, got GridComm \(a "
-                                        r"communicator: build a ProcessGrid\(comm\) and pass it\)"):
+                                        r"communicator; pass the ProcessGrid it belongs to, or build one: "
+                                        r"ProcessGrid\(comm\)\)"):
         DistributedRealSHT(grid.cart, 17, 32)
 
 

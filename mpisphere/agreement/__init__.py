@@ -66,7 +66,7 @@ differs between the ranks' descriptions, named field by field), :mod:`.stall`,
 from .call import Call, canonical, collective, finding
 from .collective import agree, agree_construction, as_exception, cause_first, raise_everywhere, settle
 from .description import Described, call_description, describe_value, description_of, digest
-from .guard import REFUSED, CallGuard
+from .guard import REFUSED, CallGuard, guarded
 from .neighbours import HEADER_BYTES, NeighbourRound, header_words, message_buffer
 from .spec import Context, InputError, Spec
 
@@ -93,6 +93,7 @@ __all__ = [
     "HEADER_BYTES",
     "CallGuard",
     "REFUSED",
+    "guarded",
     "as_exception",
     "cause_first",
 ]

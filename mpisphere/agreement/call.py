@@ -31,6 +31,7 @@ import math
 import numpy
 
 from .. import collectives
+from ..validation import is_process_grid
 from .collective import settle
 from .spec import InputError
 
@@ -154,7 +155,7 @@ def collective(method):
     """
     @functools.wraps(method)
     def call(self, *args, **kwargs):
-        grid = self if hasattr(self, "holding") else self.grid
+        grid = self if is_process_grid(self) else self.grid
         with grid.holding(f"{type(self).__name__}.{method.__name__}"):
             return method(self, *args, **kwargs)
     call.mpisphere_collective = True

@@ -9,6 +9,7 @@ from mpi4py import MPI
 
 from .. import backend
 from ..settings import config
+from ..validation import is_process_grid
 
 
 _LONG = 8  # sequences longer than this are described by a hash of their content, not item by item
@@ -80,7 +81,7 @@ def describe_value(value, per_rank=False):
             return "a freed communicator"
         size = value.Get_size()
         return f"{value.Get_name() or 'communicator'} ({size} rank{'s' if size != 1 else ''})"
-    if hasattr(value, "npolar") and hasattr(value, "nazimuth") and hasattr(value, "cart"):
+    if is_process_grid(value):
         return f"ProcessGrid({value.npolar} x {value.nazimuth}, {getattr(value, 'order', '')})"
     if isinstance(value, (list, tuple)):
         if len(value) > _LONG:

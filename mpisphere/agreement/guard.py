@@ -1,9 +1,13 @@
-"""The one lock of a grid (``CallGuard``): a call from a second thread is refused on every rank."""
+"""The one lock of a grid (``CallGuard``): a call from a second thread is refused on every rank.
 
+``guarded`` is the one protocol around a collective call with that lock
+(the operators' calls and the grid's own, ``ProcessGrid.holding``).
+"""
+
+import contextlib
 import threading
 
-
-
+from .failures import begin_call, raise_noted_failure
 
 REFUSED = ("refused: another thread was running an mpisphere operation on the same grid (or operator); MPI "
            "matches one communicator's messages in call order, so two threads on one grid would mix theirs. Give "
@@ -65,3 +69,28 @@ class CallGuard:
     def held(self):
         """True while some thread holds the guard."""
         return self._owner is not None
+
+
+@contextlib.contextmanager
+def guarded(guard, comm, who, refusal, settles=None):
+    """Hold ``guard`` around one collective call ``who`` over ``comm``.
+
+    Refused on this rank (``RuntimeError``) when another thread holds the
+    guard; ``refusal`` is what the holder then runs for this call, so the
+    other ranks raise too. The outermost call of the holding thread begins
+    a call on ``comm`` (``failures.begin_call``) and, when its block
+    completed, raises a failure noted elsewhere meanwhile (a halo call that
+    failed near a mistake). ``settles``: a callable, False where that last
+    step must be skipped (a grid freed in the block).
+    """
+    if not guard.enter(refusal):
+        raise RuntimeError(f"{who}: {REFUSED} on this rank; the other ranks raise too when that call ends")
+    completed = False
+    if guard.outermost:
+        begin_call(comm)
+    try:
+        yield
+        completed = True
+    finally:
+        if guard.leave() and completed and (settles is None or settles()):
+            raise_noted_failure(comm, who)  # a halo call that failed elsewhere (agreement.failures)

@@ -322,7 +322,7 @@ class _DiscoBase(ParametrisedOperator):
             padded = self._buffer("padded", x, (items, self.source_rows, x.shape[2]), self.dtype)
             padded[n:] = 0
             if self.halo is not None:
-                self.halo._run(FORWARD, x, padded[:n], context)
+                self.halo.run_agreed(FORWARD, x, padded[:n], context)
             else:
                 padded[:n] = x
         target = spectrum
@@ -349,7 +349,7 @@ class _DiscoBase(ParametrisedOperator):
         padded = self._buffer("padded", out, (items, self.source_rows, out.shape[2]), self.dtype)
         front.run(ADJOINT, spectrum, padded, context, consume=True)
         if self.halo is not None:
-            self.halo._run(ADJOINT, padded[:n], out, context)
+            self.halo.run_agreed(ADJOINT, padded[:n], out, context)
         else:
             out[...] = padded[:n]
 

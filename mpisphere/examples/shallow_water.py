@@ -111,10 +111,8 @@ def _grid_arguments(grid, args, nlat, nlon, dt, lmax, mmax):
         grid = tiling.grid
         given["nlat"], given["nlon"] = tiling.whole
     elif isinstance(given["nlat"], RingGeometry):
-        rings = given["nlat"]
-        warnings.warn(f"{who}(grid, rings, None, dt) is deprecated and will be removed after the next release: "
-                      "pass the grid's tiling, ShallowWaterSolver(RingTiles(grid, rings), dt)",
-                      DeprecationWarning, stacklevel=4)
+        raise TypeError(f"{who}(grid, rings, None, dt) was removed in 0.4.3 (deprecated since 0.4.0): pass the "
+                        "grid's tiling, ShallowWaterSolver(RingTiles(grid, rings), dt)")
     return grid, given["nlat"], given["nlon"], given["dt"], given["lmax"], given["mmax"], rings
 
 

@@ -57,7 +57,7 @@ from .. import backend, dtypes
 from ..agreement import REFUSED, Context, InputError, agree, agree_construction, \
     call_description, collective, raise_everywhere
 from ..operators import ADJOINT, DISTRIBUTED, FORWARD, Layout, LinearOperator
-from ..validation import check_choice, check_int
+from ..validation import check_choice, check_int, check_process_grid
 from .absent import answer_skipped_calls
 from .call import HaloCall
 from .pattern import HaloPattern
@@ -68,9 +68,7 @@ __all__ = ["HaloExchange"]
 
 
 def _check_grid(grid, who):
-    if not (hasattr(grid, "cart") and hasattr(grid, "polar") and hasattr(grid, "polar_neighbors")):
-        hint = (" (a communicator; pass the ProcessGrid it belongs to)" if hasattr(grid, "Get_size") else "")
-        raise TypeError(f"{who}: grid must be a ProcessGrid, got {type(grid).__name__}{hint}")
+    check_process_grid(grid, "grid", who)
     if getattr(grid, "freed", False):
         raise RuntimeError(f"{who}: the grid was freed (grid.free())")
 

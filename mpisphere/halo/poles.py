@@ -162,7 +162,7 @@ class AcrossPoles:
         xp, c = backend.array_module(P), self.cols
         band = xp.stack([P[..., near, c:c + w] for _, near in poles], axis=-3)   # (..., poles, r, w)
         whole = xp.empty(band.shape[:-1] + (self.extents[1],), dtype=P.dtype)
-        self.band._run(FORWARD, band, whole, context)                           # (..., poles, r, nlon)
+        self.band.run_agreed(FORWARD, band, whole, context)                           # (..., poles, r, nlon)
         opposite = xp.asarray(self.opposite)
         signs = self._signs(P)
         for k, (halo, _) in enumerate(poles):
@@ -187,6 +187,6 @@ class AcrossPoles:
                 target[..., start:start + (b - a)] += values[..., a:b]
             P[..., halo, :] = 0
         band = xp.empty(whole.shape[:-1] + (w,), dtype=P.dtype)
-        self.band._run(ADJOINT, whole, band, context)
+        self.band.run_agreed(ADJOINT, whole, band, context)
         for k, (_, near) in enumerate(poles):
             P[..., near, c:c + w] += band[..., k, :, :]

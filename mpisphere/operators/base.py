@@ -10,9 +10,8 @@ import numpy
 from mpi4py import MPI
 
 from .. import backend
-from ..agreement import (REFUSED, CallGuard, Context, Described, InputError, Spec, agree, description_of,
+from ..agreement import (REFUSED, CallGuard, Context, Described, InputError, Spec, agree, description_of, guarded,
                         raise_everywhere)
-from ..agreement.failures import begin_call, raise_noted_failure
 from .abilities import Abilities
 from .layout import ADJOINT, FORWARD, Layout, check_out
 
@@ -239,19 +238,8 @@ class LinearOperator(Described):
         ``refusal``: what the guard's holder runs for this call when another
         thread holds the guard (this rank then raises at once).
         """
-        guard = self._guard()
-        if not guard.enter(refusal):
-            raise RuntimeError(f"{who}: {REFUSED} on this rank; the other ranks raise too when that call ends")
-        completed = False
-        if guard.outermost:
-            begin_call(comm)
-        try:
-            result = call()
-            completed = True
-            return result
-        finally:
-            if guard.leave() and completed:
-                raise_noted_failure(comm, who)  # a halo call that failed elsewhere (agreement.failures)
+        with guarded(self._guard(), comm, who, refusal):
+            return call()
 
     def _check_values(self, direction, x):
         """This rank's check of the input's values (its shape and dtype passed ``_output``): an :class:`InputError`
@@ -260,6 +248,19 @@ class LinearOperator(Described):
     def _replay(self, direction, x):
         """A call on ``x`` planned in an earlier one (an in-place call that needs no check), or ``None``."""
         return None
+
+    def run_agreed(self, direction, x, out, context):
+        """``out`` = this operator (``direction``: FORWARD or ADJOINT) of ``x``, inside a call already checked and
+        agreed. Collective over the operator's communicators, with no checks or agreement of its own.
+
+        The inner protocol: an operator made of others (a composition, the
+        spectral convolution's transforms, a DISCO convolution's halo) calls
+        its parts so, from its own ``_run``, once its own call has checked
+        ``x`` and ``out`` and agreed (``context``: what was agreed). Every rank
+        must make the same calls in the same order. Subclasses implement
+        ``_run``; this is the one name other objects call.
+        """
+        self._run(direction, x, out, context)
 
     def _run(self, direction, x, out, context):
         """Do the work into ``out`` (already checked and agreed). Default: the simple protocol."""
@@ -360,7 +361,7 @@ class AdjointOperator(LinearOperator):
         return self.op._output(self._flip.get(direction, direction), spec)
 
     def _run(self, direction, x, out, context):
-        self.op._run(self._flip.get(direction, direction), x, out, context)
+        self.op.run_agreed(self._flip.get(direction, direction), x, out, context)
 
     def _reserve(self, direction, x, out):
         self.op._reserve(self._flip.get(direction, direction), x, out)
@@ -470,7 +471,7 @@ class _Composition(_Combination):
     def _run(self, direction, x, out, context):
         ops, buffers = self._steps(direction, x)
         for i, op in enumerate(ops):
-            op._run(direction, x if i == 0 else buffers[i - 1], out if i == len(ops) - 1 else buffers[i], context)
+            op.run_agreed(direction, x if i == 0 else buffers[i - 1], out if i == len(ops) - 1 else buffers[i], context)
 
     def _shapes(self, lead):
         return self.ops[-1]._shapes(lead)[0], self.ops[0]._shapes(lead)[1]
@@ -545,9 +546,9 @@ class _Sum(_Combination):
         self.ops[1]._reserve(direction, x, second)
 
     def _run(self, direction, x, out, context):
-        self.ops[0]._run(direction, x, out, context)
+        self.ops[0].run_agreed(direction, x, out, context)
         second = self._second(direction, x)
-        self.ops[1]._run(direction, x, second, context)
+        self.ops[1].run_agreed(direction, x, second, context)
         if self.sign > 0:
             out += second
         else:
@@ -598,7 +599,7 @@ class _Scaled(_Combination):
         self.ops[0]._reserve(direction, x, out)
 
     def _run(self, direction, x, out, context):
-        self.ops[0]._run(direction, x, out, context)
+        self.ops[0].run_agreed(direction, x, out, context)
         out *= self.scale
 
     def _shapes(self, lead):

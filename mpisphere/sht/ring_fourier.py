@@ -250,7 +250,7 @@ class RingFourier(LocalStage):
         n, half, mmax = group.n, group.half, self.mmax
         for k, (run, _) in enumerate(group.runs):
             spectrum = self._spectrum(whole, whole.shape[0], run, group)
-            group.fourier._run(direction, run.rings(whole, n), spectrum, context)
+            group.fourier.run_agreed(direction, run.rings(whole, n), spectrum, context)
             target = orders[:, run.rows, :]
             if not group.aliased:
                 target[...] = spectrum[..., :mmax]
@@ -290,7 +290,7 @@ class RingFourier(LocalStage):
                 full = padded.reshape(padded.shape[:-1] + (group.wraps, n)).sum(axis=-2)
                 spectrum[...] = full[..., :half]
                 spectrum[..., 1:n - half + 1] += xp.conjugate(full[..., n - 1:half - 1:-1])
-            group.fourier._run(direction, spectrum, run.rings(whole, n), context)
+            group.fourier.run_agreed(direction, spectrum, run.rings(whole, n), context)
 
     def _gather_rings(self, x, rows, context):
         """This rank's whole rings, ring after ring, ``(B_a C, row)``, from the transposed points."""

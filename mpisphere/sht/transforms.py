@@ -61,7 +61,7 @@ from ..legendre import NORMS
 from ..agreement import Call, collective, description_of
 from ..operators import DISTRIBUTED, FORWARD, InputError, Layout, LinearOperator, Spec
 from ..partition import split_offsets, split_sizes
-from ..validation import check_choice, check_dtype, check_int
+from ..validation import check_choice, check_dtype, check_int, check_process_grid
 from ..primitives import ReduceScatter
 from ..transpose import Transpose
 from ..quadrature import latitudes, rule, truncate_sht
@@ -102,9 +102,8 @@ def _reject_torch_harmonics_call(cls, args, kwargs):
             "nlon; " + (f"pass the quadrature as quadrature={quadrature!r} (torch-harmonics calls it grid=)"
                         if quadrature else "e.g. DistributedRealSHT(ProcessGrid(comm), nlat, nlon, "
                         "quadrature='legendre-gauss')"))
-    if grid is not None and not (hasattr(grid, "cart") and hasattr(grid, "npolar")):
-        hint = " (a communicator: build a ProcessGrid(comm) and pass it)" if hasattr(grid, "Get_size") else ""
-        raise TypeError(f"{cls.__name__}: grid must be a ProcessGrid, got {type(grid).__name__}{hint}")
+    if grid is not None:
+        check_process_grid(grid, "grid", cls.__name__)
 
 
 class Transform(LinearOperator):

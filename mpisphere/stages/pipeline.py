@@ -302,7 +302,7 @@ class Pipeline:
             consume = abilities.consume
             return lambda x, out, context: consume(x, out, context, nonzero)
         stage = self.stages[k]
-        return lambda x, out, context: stage._run(direction, x, out, context)
+        return lambda x, out, context: stage.run_agreed(direction, x, out, context)
 
     # --- running ---------------------------------------------------------------------------------------
 
