@@ -30,9 +30,9 @@ class DistributedDropout(torch.nn.Module):
     p : float
     shape : (int, int) or None
         ``(nlat, nlon)`` of the whole field (the mask is drawn for it); None:
-        found at each call from the ranks' tile shapes (one agreement and one
-        small all-gather per call in training; the tiles must be the grid's
-        split of one field).
+        found at each call from the ranks' tile shapes (one agreement, which
+        compares ``p`` too, and one small all-gather per call in training; the
+        tiles must be the grid's split of one field).
     inplace : bool
         Accepted for torch's signature; the result is always a new tensor.
     process_grid : ProcessGrid, keyword-only
@@ -76,18 +76,21 @@ class DistributedDropout(torch.nn.Module):
         """``(nlat, nlon)`` of the field whose tiles the ranks hold (collective); refused unless the tiles are the
         grid's split of it."""
         pg = self.process_grid
-        call = Call(pg.cart, "DistributedDropout.forward")
-        with call.local():
-            if x.dim() < 2:
-                raise ValueError(f"DistributedDropout: expected a (..., h, w) tile, got shape {tuple(x.shape)}")
-        call.agree(leading=list(x.shape[:-2]), dtype=str(x.dtype))
-        tiles = collectives.allgather_object(pg.cart, (pg.polar_rank, pg.azimuth.rank, *x.shape[-2:]))
-        nlat = sum(h for polar, azimuth, h, _ in tiles if azimuth == 0)
-        nlon = sum(w for polar, azimuth, _, w in tiles if polar == 0)
-        with call.local():
-            expected = tuple(pg.local_shape(nlat, nlon))
-            if tuple(x.shape[-2:]) != expected:
-                raise ValueError(f"DistributedDropout: the ranks' tiles are not the grid's split of one "
-                                 f"{(nlat, nlon)} field: this rank's should be {expected}, got {tuple(x.shape[-2:])}")
-        call.agree()
+        who = "DistributedDropout.forward"
+        with pg.holding(who):
+            call = Call(pg.cart, who)
+            with call.local():
+                if x.dim() < 2:
+                    raise ValueError(f"DistributedDropout: expected a (..., h, w) tile, got shape {tuple(x.shape)}")
+            call.agree(p=self.p, leading=list(x.shape[:-2]), dtype=str(x.dtype))
+            tiles = collectives.allgather_object(pg.cart, (pg.polar_rank, pg.azimuth.rank, *x.shape[-2:]))
+            nlat = sum(h for polar, azimuth, h, _ in tiles if azimuth == 0)
+            nlon = sum(w for polar, azimuth, _, w in tiles if polar == 0)
+            with call.local():
+                expected = tuple(pg.local_shape(nlat, nlon))
+                if tuple(x.shape[-2:]) != expected:
+                    raise ValueError(f"DistributedDropout: the ranks' tiles are not the grid's split of one "
+                                     f"{(nlat, nlon)} field: this rank's should be {expected}, got "
+                                     f"{tuple(x.shape[-2:])}")
+            call.agree()
         return (nlat, nlon)

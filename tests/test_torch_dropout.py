@@ -53,3 +53,32 @@ def test_a_tile_of_another_field_is_refused(grid):
     module = thd.DistributedDropout(0.3, SHAPE, process_grid=grid)
     with pytest.raises(ValueError, match="expected this rank's tile"):
         module(torch.zeros(1, 1, SHAPE[0] + 1, SHAPE[1] + 1))
+
+
+def test_without_a_shape_the_mask_is_the_serial_one_and_found_from_the_tiles(grid):
+    x = torch.randn(2, 3, *SHAPE, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    lat, lon = grid.local_slices(*SHAPE)
+    torch.manual_seed(11)
+    y = torch.nn.Dropout(0.4)(x)
+    torch.manual_seed(11)
+    assert torch.equal(thd.DistributedDropout(0.4, process_grid=grid)(x[..., lat, lon]), y[..., lat, lon])
+
+
+def test_without_a_shape_a_tile_one_row_short_on_the_last_rank_raises_on_every_rank(grid):
+    if grid.size == 1:
+        return      # a lone tile is always the whole of some field
+    from helpers import raises
+    lat, lon = grid.local_slices(*SHAPE)
+    rows = len(range(SHAPE[0])[lat]) - (1 if grid.rank == grid.size - 1 else 0)
+    with raises(ValueError, match="not the grid's split of one"):
+        thd.DistributedDropout(0.4, process_grid=grid)(torch.zeros(1, 1, rows, len(range(SHAPE[1])[lon])))
+
+
+def test_without_a_shape_a_rate_that_differs_on_the_last_rank_raises_on_every_rank(grid):
+    if grid.size == 1:
+        return
+    from helpers import raises
+    lat, lon = grid.local_slices(*SHAPE)
+    p = 0.5 if grid.rank == grid.size - 1 else 0.4
+    with raises(ValueError, match="disagree"):
+        thd.DistributedDropout(p, process_grid=grid)(torch.zeros(1, 1, *torch.zeros(SHAPE)[lat, lon].shape))
