@@ -195,10 +195,6 @@ def is_library_module(module):
     return name.split(".")[0] == "torch_harmonics" and ".examples." not in name
 
 
-def _module_family(module):
-    return type(module).__module__.split(".")[0]
-
-
 def _spatial_call(node):
     """The name of a call in ``node`` (a function's syntax tree) that reads other points, or None. Calls of the
     module's own children (``self.upsample(x)``) are theirs, and asked about on their own."""
@@ -281,14 +277,13 @@ def plan(module, hints, thd, mixes_points):
         return lambda pg: _loaded(module, DistributedLayerNorm(
             module.normalized_shape, module.eps, module.elementwise_affine, module.bias is not None,
             process_grid=pg))
-    if type(module) is torch.nn.Dropout:
-        return lambda pg: DistributedDropout(module.p, None, module.inplace, process_grid=pg) \
-            if module.p > 0.0 else None
+    if type(module) is torch.nn.Dropout and module.p > 0.0:
+        return lambda pg: DistributedDropout(module.p, None, module.inplace, process_grid=pg)
     found = mixes_points(module)
     if found is not None:
         raise Refusal(*found)
-    if _module_family(module) not in ("torch", "mpisphere", "torch_harmonics") or \
-            (_module_family(module) == "torch_harmonics" and ".examples." in type(module).__module__):
+    # torch-harmonics' own layers were converted or refused above: what is left of it is the example models'
+    if type(module).__module__.split(".")[0] not in ("torch", "mpisphere"):
         name = _scan_forward(module)
         if name is not None:
             raise Refusal(f"its forward calls {name}, which reads other points of the field (on other ranks' tiles)",

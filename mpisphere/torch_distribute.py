@@ -68,6 +68,17 @@ def _random_layer(module):
     return kind and p is not None and p > 0.0
 
 
+_PLAIN = (bool, int, float, str, type(None))
+
+
+def _settings(module):
+    """A layer's plain settings (``p``, ``eps``, ``nlat``, ``theta_cutoff``, ...), compared by value across the ranks:
+    a dropout rate or a cutoff that differs on one rank would give that rank other results without an error."""
+    def plain(value):
+        return isinstance(value, _PLAIN) or (isinstance(value, tuple) and all(isinstance(v, _PLAIN) for v in value))
+    return {name: value for name, value in vars(module).items() if not name.startswith("_") and plain(value)}
+
+
 def _hints(order):
     """The latitude rules the model's transforms and layers name, in the order met."""
     found = []
@@ -110,8 +121,8 @@ def distribute(model, pg, library):
                                      f"be distributed: {refusal.why}\n  fix: {refusal.fix}") from None
                 if builder is not None:
                     builders[id(module)] = builder
-        call.agree(layers=[(paths[id(m)], type(m).__name__, id(m) in builders) for m in order],
-                   mismatch="hold different models (layers, their kinds or paths)")
+        call.agree(layers=[(paths[id(m)], type(m).__name__, id(m) in builders, _settings(m)) for m in order],
+                   mismatch="hold different models (layers, their kinds, paths or settings)")
         device = next((p.device for p in model.parameters()), torch.device("cpu"))
         with torch.random.fork_rng(devices=[]):
             for module in order:          # children first: a parent's builder sees its converted children
@@ -119,8 +130,6 @@ def distribute(model, pg, library):
                 if builder is None:
                     continue
                 built = builder(pg)
-                if built is None:
-                    continue
                 built.train(module.training)
                 for parent, name in holders.get(id(module), []):
                     parent._modules[name] = built.to(device)

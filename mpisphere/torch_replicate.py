@@ -109,6 +109,10 @@ class Replication:
         (those of the modules that do not sum their own).
     own : tuple of str
         The paths of the parameters that mpisphere's modules sum themselves.
+    random : tuple of str
+        The paths of the layers that draw random numbers (``distribute`` sets
+        it): while it is not empty, a forward in training mode also compares
+        the torch generators' states across the ranks, in the same agreement.
     """
 
     def __init__(self, module, grid):
@@ -120,7 +124,7 @@ class Replication:
                 own.update(f"{path}.{name}" if path else name for name, _ in child.named_parameters())
         self.own = tuple(p for p in self.parameters if p in own)
         self.summed = tuple(p for p in self.parameters if p not in own)
-        self.random = ()   # the paths of layers that draw random numbers (distribute() fills it)
+        self.random = ()
         self._handles = []
 
     def attach(self, module, call):

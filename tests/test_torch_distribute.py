@@ -176,3 +176,47 @@ def test_a_model_that_differs_on_the_last_rank_raises_on_every_rank(grid):
     model = _sfno(num_layers=3 if grid.rank == grid.size - 1 else 2)
     with raises(ValueError, match="different models"):
         thd.distribute(model, process_grid=grid)
+
+
+def test_a_dropout_rate_that_differs_on_the_last_rank_raises_on_every_rank(grid):
+    if grid.size == 1:
+        return
+    torch.manual_seed(0)
+    model = _sfno(drop_rate=0.3 if grid.rank == grid.size - 1 else 0.2)
+    with raises(ValueError, match="different models.*pos_drop"):
+        thd.distribute(model, process_grid=grid)
+
+
+class _Filter(torch.nn.Module):
+    """The examples' SpectralConvS2 alone, over its own transforms."""
+
+    def __init__(self, operator_type):
+        super().__init__()
+        from torch_harmonics.examples.models._layers import SpectralConvS2
+        forward = th.RealSHT(*SHAPE, grid="equiangular").float()
+        inverse = th.InverseRealSHT(*SHAPE, lmax=forward.lmax, mmax=forward.mmax, grid="equiangular").float()
+        self.conv = SpectralConvS2(forward, inverse, 3, 4, operator_type=operator_type, bias=True)
+
+    def forward(self, x):
+        return self.conv(x)[0]
+
+
+@pytest.mark.parametrize("operator_type", ["diagonal", "block-diagonal"])
+def test_the_examples_spectral_filter_multiplies_each_ranks_block(grid, operator_type):
+    torch.manual_seed(0)
+    serial = _Filter(operator_type)
+    if operator_type == "block-diagonal" and grid.nazimuth > 1:
+        with raises(ValueError, match="block-diagonal.*mixes the orders m"):
+            thd.distribute(serial, process_grid=grid)
+        return
+    distributed = thd.distribute(serial, process_grid=grid)
+    x = torch.randn(2, 3, *SHAPE)
+    quadrature = thd.DistributedQuadratureS2(SHAPE, process_grid=grid)
+    loss = quadrature(distributed(tile_of(grid, x)) ** 2).sum()
+    loss.backward()
+    expected = th.QuadratureS2(SHAPE)(serial(x) ** 2).sum()
+    expected.backward()
+    assert_close(loss.detach(), expected.detach(), "loss")
+    for name, p in serial.named_parameters():
+        mine = dict(distributed.named_parameters())[name].grad
+        assert_close(mine, p.grad, f"the gradient of {name}")
