@@ -44,10 +44,11 @@ import warnings
 import numpy
 
 from ..agreement import Call, Described, InputError, agree_construction, collective
-from ..io import checkpoint, open_checkpoint
 from ..primitives import GatherFrom, ReduceFrom
 from ..sht import calculus
-from . import time_stepping
+from . import shallow_water_checkpoints as checkpoints, shallow_water_initial as initial, time_stepping
+from .shallow_water_implicit import gravity_waves
+from .shallow_water_initial import williamson5_orography
 from .tangent_linear import TangentLinearModel
 from ..quadrature import latitudes
 from ..ring_tiles import RingTiles
@@ -69,17 +70,6 @@ SCHEMES = ("explicit", "semi-implicit")
 # 0.72 on the imaginary axis. Semi-implicit (advection only, leapfrog): stable at 1.62, growing at 1.73 (64 x 128,
 # 2100 / 2250 s).
 COURANT_LIMITS = {"explicit": 0.85, "semi-implicit": 1.6}
-
-
-def williamson5_orography(lats, lons):
-    """Williamson et al. (1992) case 5's mountain (m) at ``lats``, ``lons`` (radians, broadcast together).
-
-    ``2000 (1 - r / R)`` within ``R = pi / 9`` of (30 N, 270 E), ``r`` the
-    distance in the paper's ``(lon, lat)`` plane, zero outside.
-    """
-    radius = math.pi / 9.0
-    r = numpy.minimum(radius, numpy.sqrt((lons - 1.5 * math.pi) ** 2 + (lats - math.pi / 6.0) ** 2))
-    return 2000.0 * (1.0 - r / radius)
 
 
 def _grid_arguments(grid, args, nlat, nlon, dt, lmax, mmax):
@@ -132,10 +122,9 @@ class ShallowWaterSolver(Described):
         ``(..., h, w)``; the quadrature is then the rings'.
     grid : ProcessGrid
     nlat, nlon : int
-        A regular grid's extents (with ``grid``). A
-        :class:`~mpisphere.RingGeometry` in place of ``nlat`` (``nlon=None``),
-        the form of the last release, still works and warns
-        (``DeprecationWarning``).
+        A regular grid's extents (with ``grid``). A reduced grid is passed
+        as its tiling (the form ``(grid, rings, None, dt)`` was removed in
+        0.4.3).
     dt : float
         Time step, seconds.
     lmax, mmax : int, optional
@@ -294,7 +283,7 @@ class ShallowWaterSolver(Described):
         if orography is None:
             self.orography = numpy.zeros(self.sht.tile_shape)
         elif isinstance(orography, str):
-            self.orography = williamson5_orography(*self._meshgrid())
+            self.orography = williamson5_orography(*initial.points(self))
         else:
             self.orography = numpy.array(orography, dtype=numpy.float64)
         self._orography_kind = "none" if orography is None else (orography if isinstance(orography, str)
@@ -314,7 +303,8 @@ class ShallowWaterSolver(Described):
         self.inverse_laplacian = calculus.inverse_laplacian(self.sht, self.radius)
         self.invlap = self.inverse_laplacian.weights
         self.hyperdiff = self.hyperdiffusion.weights
-        self._implicit = None if scheme == "explicit" else self._gravity_waves()
+        self._implicit = None if scheme == "explicit" else gravity_waves(self.gravity * self.reference_depth,
+                                                                            -self.lap)
         self._sum = ReduceFrom(grid.cart)                 # integrals: sums over the ranks, agreed like any call
         self._each = GatherFrom(grid.cart, 0, grid.size)  # numbers from every rank (the largest vorticity, speeds)
         self._step_warned = False  # the step limit's warning: once per model
@@ -459,7 +449,7 @@ class ShallowWaterSolver(Described):
             starts the scheme afresh with its first step, as
             torch-harmonics' ``timestep`` does.
         """
-        self._check_history(history, "ShallowWaterSolver.timestep", uspec)
+        checkpoints.check_history(self, history, "ShallowWaterSolver.timestep", uspec)
         first = 0 if history is None else history.step
         final = self._integrate(uspec, nsteps, None, history, check_step=True)
         self._check_finite(final, "ShallowWaterSolver.timestep", first + nsteps)
@@ -467,59 +457,7 @@ class ShallowWaterSolver(Described):
 
     def new_history(self):
         """A fresh history for this model's scheme: an ``AdamsBashforthHistory`` or a ``LeapfrogHistory``."""
-        return self._history_kind()()
-
-    def _history_kind(self):
-        return time_stepping.AdamsBashforthHistory if self._implicit is None else time_stepping.LeapfrogHistory
-
-    def _check_history(self, history, who, uspec=None):
-        """Raise on every rank when a rank's ``history`` (None allowed) does not fit this model. Collective.
-
-        A history must be of this scheme's kind and hold what that kind
-        holds, arrays of the state's shape and dtype; and every rank's must
-        be at the same step with the same steps kept (compared by value): a
-        rank two steps ahead would otherwise run the others' steps with its
-        own tendencies.
-        """
-        kind = self._history_kind()
-        call = Call(self.grid.cart, who)
-        state = None
-        with call.local():
-            if history is not None:
-                state = self._describe_history(history, kind, uspec)
-        call.agree(history=state)
-
-    def _describe_history(self, history, kind, uspec):
-        """What the ranks compare of ``history``; a TypeError or ValueError for one that does not fit."""
-        if not isinstance(history, kind):
-            raise TypeError(f"history must be a {kind.__name__} for the {self.scheme} scheme (or None), "
-                            f"got {type(history).__name__}")
-        shape = tuple(uspec.shape) if uspec is not None else (3,) + tuple(self.sht.block_shape)
-        dtype = numpy.dtype(uspec.dtype) if uspec is not None else self.sht.cdtype
-        step = history.step
-        if isinstance(step, bool) or not isinstance(step, (int, numpy.integer)) or step < 0:
-            raise ValueError(f"history.step must be a step number >= 0, got {step!r}")
-
-        def fits(array, what):
-            if not isinstance(array, numpy.ndarray) or array.shape != shape or array.dtype != dtype:
-                raise ValueError(f"{what} must be this rank's state block {shape} {dtype.name}, got "
-                                 f"{type(array).__name__} {getattr(array, 'shape', '')} {getattr(array, 'dtype', '')}")
-        if kind is time_stepping.LeapfrogHistory:
-            if history.previous is not None:
-                fits(history.previous, "history.previous")
-            elif step > 0:
-                raise ValueError(f"history.previous is None after {step} steps (a leapfrog needs the state before)")
-            return {"kind": kind.__name__, "step": int(step), "previous": history.previous is not None}
-        tendencies = history.tendencies
-        if not isinstance(tendencies, dict) or not all(isinstance(n, (int, numpy.integer)) for n in tendencies):
-            raise ValueError(f"history.tendencies must map step numbers to tendencies, got {tendencies!r:.80}")
-        wanted = set(range(max(step - 2, 0), step))
-        if set(tendencies) != wanted:
-            raise ValueError(f"history.tendencies must hold steps {sorted(wanted)} at step {step}, got "
-                             f"{sorted(tendencies)}")
-        for n, tendency in tendencies.items():
-            fits(tendency, f"history.tendencies[{n}]")
-        return {"kind": kind.__name__, "step": int(step), "tendencies": sorted(int(n) for n in tendencies)}
+        return checkpoints.history_kind(self)()
 
     def _check_finite(self, state, who, step):
         """Raise on every rank when any rank's state is not finite (the model blew up), naming the step. Collective."""
@@ -559,56 +497,11 @@ class ShallowWaterSolver(Described):
         return time_stepping.integrate_leapfrog(uspec, nsteps, self.dt, tendency, self.diffuse, self._implicit,
                                                 self.robert_asselin, history)
 
-    def _gravity_waves(self):
-        """The semi-implicit scheme's linear part: gravity waves about a resting depth (per degree)."""
-        depth = self.gravity * self.reference_depth  # the reference geopotential
-        eigen = -self.lap                    # l (l + 1) / radius^2 on the block
-
-        def apply(x):  # L (phi, zeta, delta) = (-depth delta, 0, eigen phi)
-            out = numpy.zeros_like(x)
-            out[..., 0, :, :] = -depth * x[..., 2, :, :]
-            out[..., 2, :, :] = eigen * x[..., 0, :, :]
-            return out
-
-        def apply_adjoint(x):
-            out = numpy.zeros_like(x)
-            out[..., 0, :, :] = eigen * x[..., 2, :, :]
-            out[..., 2, :, :] = -depth * x[..., 0, :, :]
-            return out
-
-        determinants = {}  # tau -> 1 + tau^2 depth eigen per coefficient: two taus (dt and dt/2), made once each
-
-        def determinant(tau):
-            if tau not in determinants:
-                determinants[tau] = 1.0 + tau * tau * depth * eigen
-            return determinants[tau]
-
-        def solve(r, tau):  # (I - tau L)^-1 r
-            out = r.copy()
-            out[..., 2, :, :] = (r[..., 2, :, :] + tau * eigen * r[..., 0, :, :]) / determinant(tau)
-            out[..., 0, :, :] = r[..., 0, :, :] - tau * depth * out[..., 2, :, :]
-            return out
-
-        def solve_adjoint(r, tau):  # (I - tau L)^-T r
-            out = r.copy()
-            out[..., 2, :, :] = (r[..., 2, :, :] - tau * depth * r[..., 0, :, :]) / determinant(tau)
-            out[..., 0, :, :] = r[..., 0, :, :] + tau * eigen * out[..., 2, :, :]
-            return out
-
-        return time_stepping.ImplicitPart(apply, apply_adjoint, solve, solve_adjoint)
-
     # --- checkpoints -------------------------------------------------------------------------------
 
     def parameters(self):
         """What a continuation must share with this model: the grid, truncation, time step and constants (a dict)."""
-        where = {"nlat": int(self.nlat), "nlon": int(self.nlon), "quadrature": self.sht.quadrature} \
-            if self.rings is None else {"rings": repr(self.rings)}
-        return {**where, "lmax": int(self.lmax), "mmax": int(self.mmax), "dt": self.dt, "radius": self.radius,
-                "omega": self.omega,
-                "gravity": self.gravity, "havg": self.havg, "hamp": self.hamp, "scheme": self.scheme,
-                "reference_depth": self.reference_depth, "orography": self._orography_kind,
-                # the filter exists in the semi-implicit scheme only (explicit checkpoints stay as they were)
-                **({"robert_asselin": self.robert_asselin} if self.scheme == "semi-implicit" else {})}
+        return checkpoints.parameters(self)
 
     @collective
     def save(self, path, uspec, history=None, *, keep=2, allow_nonfinite=False):
@@ -634,36 +527,7 @@ class ShallowWaterSolver(Described):
             Write a state that is not finite (NaN or infinite values, a model
             that blew up) instead of refusing it on every rank.
         """
-        who = f"ShallowWaterSolver.save({str(path)!r})"
-        self._check_history(history, who, uspec)
-        # the flag is agreed with the state's check: given on one rank only, every rank names it (it left the
-        # ranks in different calls, which they could only call a disagreement)
-        arrays = [uspec] + list(getattr(history, "tendencies", {}).values()) + \
-            [a for a in [getattr(history, "previous", None)] if a is not None]
-        call = Call(self.grid.cart, who)
-        if not allow_nonfinite and not all(numpy.isfinite(a).all() for a in arrays):
-            call.fail("the state (or its history) is not finite: refused, so that a blown-up run does not "
-                      "replace the last good checkpoint (allow_nonfinite=True writes it anyway)",
-                      FloatingPointError)
-        call.agree(allow_nonfinite=bool(allow_nonfinite))
-        history = self.new_history() if history is None else history
-        steps = sorted(getattr(history, "tendencies", {}), reverse=True)
-        previous = getattr(history, "previous", None)
-        fields = ["geopotential (m^2/s^2)", "vorticity (1/s)", "divergence (1/s)"]
-        with checkpoint(path, self.grid, keep=keep) as store:
-            store.write_coefficients("state", uspec, self.sht, dims=("field",), attrs={"fields": fields})
-            for i, n in enumerate(steps):
-                store.write_coefficients(f"tendency_{i + 1}", history.tendencies[n], self.sht, dims=("field",),
-                                         attrs={"step": n, "fields": fields})
-            if previous is not None:
-                store.write_coefficients("previous", previous, self.sht, dims=("field",),
-                                         attrs={"fields": fields, "meaning": "the filtered state one step before"})
-            if self._orography_kind == "array":
-                store.write_field("orography", self.orography, self.tiling, self.sht.quadrature,
-                                  attrs={"units": "m"})
-            store.set_attrs({"model": "mpisphere.examples.ShallowWaterSolver", "parameters": self.parameters(),
-                             "step": history.step, "time_seconds": history.step * self.dt,
-                             "tendency_steps": steps, "has_previous": previous is not None})
+        checkpoints.save(self, path, uspec, history, keep=keep, allow_nonfinite=allow_nonfinite)
 
     @collective
     def load(self, path):
@@ -676,28 +540,7 @@ class ShallowWaterSolver(Described):
         writer's grid the continuation is bit-identical to the run that was
         not interrupted; on another grid it equals it up to rounding.
         """
-        store = open_checkpoint(path, self.grid)
-        attrs = store.attrs()
-        saved = attrs.get("parameters", {})
-        if attrs.get("model") != "mpisphere.examples.ShallowWaterSolver" or saved != self.parameters():
-            differ = ", ".join(f"{k} {saved.get(k)!r} in the checkpoint, {v!r} here"
-                               for k, v in self.parameters().items() if saved.get(k) != v)
-            raise ValueError(f"ShallowWaterSolver.load({path!r}): the checkpoint does not fit this model (ranks "
-                             f"0-{self.grid.size - 1} of {self.grid.size}): "
-                             f"{differ or 'it was not written by ShallowWaterSolver.save'}")
-        if self._orography_kind == "array":
-            saved_orography = store.read_field("orography", self.tiling, self.sht.quadrature)
-            call = Call(self.grid.cart, f"ShallowWaterSolver.load({path!r})")
-            if not numpy.array_equal(saved_orography, self.orography):
-                call.fail("the checkpoint's orography differs from this model's on this rank's tile")
-            call.agree()
-        uspec = store.read_coefficients("state", self.sht)
-        if self._implicit is not None:
-            previous = store.read_coefficients("previous", self.sht) if attrs.get("has_previous", False) else None
-            return uspec, time_stepping.LeapfrogHistory(attrs["step"], previous)
-        tendencies = {int(n): store.read_coefficients(f"tendency_{i + 1}", self.sht)
-                      for i, n in enumerate(attrs["tendency_steps"])}
-        return uspec, time_stepping.AdamsBashforthHistory(attrs["step"], tendencies)
+        return checkpoints.load(self, path)
 
     def linearize(self, uspec, nsteps):
         """The tangent-linear model along ``timestep(uspec, nsteps)``, with its adjoint: a LinearOperator.
@@ -717,41 +560,9 @@ class ShallowWaterSolver(Described):
 
     # --- initial conditions ----------------------------------------------------------------------
 
-    def _meshgrid(self):
-        """Latitude and longitude of every point of this rank's tile (its points on a reduced grid)."""
-        if self.rings is not None:
-            return self.lats, self.lons
-        return numpy.meshgrid(self.lats, self.lons, indexing="ij")
-
-    def _balanced(self, ugrid, geopotential):
-        """The state from winds and a geopotential, adjusted to balance the zonal flow (as torch-harmonics)."""
-        vrtdivspec = self.vrtdivspec(ugrid)
-        vrtdivgrid = self.spec2grid(vrtdivspec)
-        tmp = ugrid * (vrtdivgrid + self.coriolis)
-        tmpspec = self.vrtdivspec(tmp)
-        tmpspec[1] = self.grid2spec(0.5 * numpy.sum(ugrid ** 2, axis=0))
-        phispec = self.inverse_laplacian.forward(tmpspec[0]) - tmpspec[1] + self.grid2spec(geopotential)
-        uspec = numpy.zeros((3,) + self.sht.block_shape, dtype=vrtdivspec.dtype)
-        uspec[0] = phispec
-        uspec[1:] = vrtdivspec
-        return uspec * self.triangle
-
     def galewsky_initial_condition(self):
         """Galewsky et al. (2004)'s barotropically unstable jet with a height perturbation (this rank's block)."""
-        umax = 80.0
-        phi0 = math.pi / 7.0
-        phi1 = 0.5 * math.pi - phi0
-        phi2 = 0.25 * math.pi
-        en = math.exp(-4.0 / (phi1 - phi0) ** 2)
-        alpha, beta = 1.0 / 3.0, 1.0 / 15.0
-        lats, lons = self._meshgrid()
-        mask = (lats > phi0) & (lats < phi1)
-        product = numpy.where(mask, (lats - phi0) * (lats - phi1), -1.0)  # safe outside the band
-        ugrid = numpy.where(mask, (umax / en) * numpy.exp(1.0 / product), 0.0)
-        vgrid = numpy.zeros_like(ugrid)
-        hbump = self.hamp * numpy.cos(lats) * numpy.exp(-(((lons - math.pi) / alpha) ** 2)) * \
-            numpy.exp(-((phi2 - lats) ** 2) / beta)
-        return self._balanced(numpy.stack([ugrid, vgrid]), self.gravity * (self.havg + hbump))
+        return initial.galewsky(self)
 
     def williamson2_initial_condition(self, u0=None, gh0=2.94e4):
         """Williamson et al. (1992) test case 2 (rotation angle 0): steady zonal geostrophic flow.
@@ -760,14 +571,7 @@ class ShallowWaterSolver(Described):
         ``u0 = 2 pi radius / 12 days``: an exact steady solution, so the state
         should not change. Returns ``(uspec, geopotential on the tile)``.
         """
-        u0 = 2.0 * math.pi * self.radius / (12.0 * 86400.0) if u0 is None else u0
-        lats, _ = self._meshgrid()
-        geopotential = gh0 - (self.radius * self.omega * u0 + 0.5 * u0 ** 2) * numpy.sin(lats) ** 2
-        wind = numpy.stack([u0 * numpy.cos(lats), numpy.zeros_like(lats)])
-        uspec = numpy.zeros((3,) + self.sht.block_shape, dtype=self.sht.cdtype)
-        uspec[0] = self.grid2spec(geopotential)
-        uspec[1:] = self.vrtdivspec(wind)
-        return uspec * self.triangle, geopotential
+        return initial.williamson2(self, u0, gh0)
 
     def williamson5_initial_condition(self, u0=20.0, h0=5960.0):
         """Williamson et al. (1992) test case 5: zonal flow over an isolated mountain.
@@ -777,13 +581,7 @@ class ShallowWaterSolver(Described):
         sin(lat)^2`` in balance with it; the state's geopotential is the
         depth's, ``g h - g orography``. Returns ``uspec``.
         """
-        lats, _ = self._meshgrid()
-        surface = self.gravity * h0 - (self.radius * self.omega * u0 + 0.5 * u0 ** 2) * numpy.sin(lats) ** 2
-        wind = numpy.stack([u0 * numpy.cos(lats), numpy.zeros_like(lats)])
-        uspec = numpy.zeros((3,) + self.sht.block_shape, dtype=self.sht.cdtype)
-        uspec[0] = self.grid2spec(surface - self.surface_geopotential)
-        uspec[1:] = self.vrtdivspec(wind)
-        return uspec * self.triangle
+        return initial.williamson5(self, u0, h0)
 
     def williamson6_initial_condition(self, omega=7.848e-6, k=7.848e-6, wavenumber=4, h0=8000.0):
         """Williamson et al. (1992) test case 6: the Rossby-Haurwitz wave of wavenumber 4.
@@ -794,21 +592,7 @@ class ShallowWaterSolver(Described):
         without changing shape; in the shallow-water equations nearly so.
         Returns ``uspec``.
         """
-        a, big, r = self.radius, self.omega, wavenumber
-        lats, lons = self._meshgrid()
-        c, s = numpy.cos(lats), numpy.sin(lats)
-        u = a * omega * c + a * k * c ** (r - 1) * (r * s ** 2 - c ** 2) * numpy.cos(r * lons)
-        v = -a * k * r * c ** (r - 1) * s * numpy.sin(r * lons)
-        coef_a = 0.5 * omega * (2 * big + omega) * c ** 2 + 0.25 * k ** 2 * c ** (2 * r) * (
-            (r + 1) * c ** 2 + (2 * r ** 2 - r - 2) - 2 * r ** 2 * c ** -2.0)
-        coef_b = 2 * (big + omega) * k / ((r + 1) * (r + 2)) * c ** r * ((r ** 2 + 2 * r + 2) - (r + 1) ** 2 * c ** 2)
-        coef_c = 0.25 * k ** 2 * c ** (2 * r) * ((r + 1) * c ** 2 - (r + 2))
-        geopotential = self.gravity * h0 + a ** 2 * (coef_a + coef_b * numpy.cos(r * lons)
-                                                     + coef_c * numpy.cos(2 * r * lons))
-        uspec = numpy.zeros((3,) + self.sht.block_shape, dtype=self.sht.cdtype)
-        uspec[0] = self.grid2spec(geopotential - self.surface_geopotential)
-        uspec[1:] = self.vrtdivspec(numpy.stack([u, v]))
-        return uspec * self.triangle
+        return initial.williamson6(self, omega, k, wavenumber, h0)
 
     def rossby_haurwitz_speed(self, omega=7.848e-6, wavenumber=4):
         """The eastward angular speed (rad/s) of case 6's pattern in the non-divergent barotropic equations.
@@ -816,22 +600,11 @@ class ShallowWaterSolver(Described):
         ``(R (3 + R) omega - 2 Omega) / ((1 + R) (2 + R))`` (Haurwitz 1940,
         Williamson et al. 1992, eq. 141).
         """
-        r = wavenumber
-        return (r * (3 + r) * omega - 2 * self.omega) / ((1 + r) * (2 + r))
+        return initial.rossby_haurwitz_speed(self, omega, wavenumber)
 
     def random_initial_condition(self, mach=0.1, seed=0):
         """Random coefficients up to degree 120 (as torch-harmonics), the same field on every grid."""
-        limit = min(120, self.lmax)
-        rng = numpy.random.default_rng(seed)
-        whole = numpy.zeros((3, self.lmax, self.mmax), dtype=self.sht.cdtype)
-        shape = (3, limit, min(limit, self.mmax))
-        whole[:, :limit, :shape[2]] = math.sqrt(4 * math.pi / limit / (limit + 1)) * (
-            rng.standard_normal(shape) + 1j * rng.standard_normal(shape)) / math.sqrt(2)
-        whole[0] *= self.gravity * self.hamp
-        whole[0, 0, 0] += math.sqrt(4 * math.pi) * self.havg * self.gravity
-        whole[1:] *= mach * math.sqrt(self.gravity * self.havg) / self.radius
-        l0, m0 = self.sht.local_degrees, self.sht.local_orders
-        return whole[:, l0][:, :, m0] * self.triangle
+        return initial.random_state(self, mach, seed)
 
     # --- global quantities -------------------------------------------------------------------------
 
