@@ -19,13 +19,14 @@ import weakref
 import numpy
 from mpi4py import MPI
 
-from . import backend, collectives, cuda_aware, dtypes
+from . import backend, collectives, cuda_aware
 from .agreement import REFUSED, Call, CallGuard, InputError, collective, guarded, raise_everywhere
 from .agreement.failures import Failures, raise_finding
 from .agreement.stall import ExitNotice
 from .launch import world_mismatch
 from .partition import split_sizes
-from .tiling import RegularTiling, gather_parts, scatter_parts
+from .grid_fields import gather_tiles, scatter_field
+from .tiling import RegularTiling
 from .validation import check_choice, check_int
 
 __all__ = ["ProcessGrid", "GridComm", "ORDERS", "check_tile"]
@@ -438,30 +439,7 @@ class ProcessGrid:
             (not an array, fewer than 2 axes, an unsupported dtype, too small
             for the grid), or a tile that cannot be allocated on some rank.
         """
-        self._check_alive()
-        who = "ProcessGrid.scatter"
-        call = Call(self.cart, who)
-        with call.local():
-            root = self._check_root(root, "scatter")
-            if self.rank == root:
-                self._check_field(field, root)
-        call.agree(root=root)
-        meta = (tuple(field.shape), numpy.dtype(field.dtype).str) if self.rank == root else None
-        shape, dtype = call.share(meta, root=root)
-        return scatter_parts(RegularTiling(self, shape[-2], shape[-1]), call, field, shape, dtype, root)
-
-    def _check_field(self, field, root):
-        """Root's own checks of the field it scatters (an InputError)."""
-        if not backend.is_array(field) or field.ndim < 2:
-            raise InputError(f"root {root} must pass an array with at least 2 axes, got {type(field).__name__} "
-                             f"{getattr(field, 'shape', '')}".rstrip(), TypeError if not backend.is_array(field)
-                             else ValueError)
-        if dtypes.refusal(field.dtype, "moved"):
-            raise InputError(f"root {root}'s field: {dtypes.refusal(field.dtype, 'moved')}", TypeError)
-        try:
-            self._check_extents(field.shape[-2], field.shape[-1], "scatter")
-        except ValueError as exc:
-            raise InputError(str(exc).removeprefix("ProcessGrid.scatter: ")) from None
+        return scatter_field(self, field, root)
 
     @collective
     def gather(self, tile, root=0):
@@ -493,31 +471,7 @@ class ProcessGrid:
             ``mpisphere.partition.split_sizes`` tiles of one field, or a
             field root cannot allocate.
         """
-        return self._gather(tile, root, warn_balanced=True)
-
-    def _gather(self, tile, root, warn_balanced):
-        """:meth:`gather`; ``warn_balanced``: warn for a balanced transform's block (not from gather_coefficients)."""
-        self._check_alive()
-        who = "ProcessGrid.gather"
-        call = Call(self.cart, who)
-        with call.local():
-            root = self._check_root(root, "gather")
-            if not backend.is_array(tile) or tile.ndim < 2:
-                raise InputError(f"expected this rank's tile, an array with at least 2 axes, got "
-                                 f"{type(tile).__name__} {getattr(tile, 'shape', '')}".rstrip(),
-                                 ValueError if backend.is_array(tile) else TypeError)
-            if dtypes.refusal(tile.dtype, "moved"):
-                raise InputError(dtypes.refusal(tile.dtype, "moved"), TypeError)
-        call.agree(root=root)
-        if warn_balanced and (tuple(tile.shape[-2:]), numpy.dtype(tile.dtype).str) in self.balanced_blocks:
-            warnings.warn(f"{who}: this array has the shape and dtype of the coefficient block of a transform "
-                          "built with orders='balanced' on this grid, whose columns are not the contiguous "
-                          "orders grid.gather assumes: the gathered array would hold them in the wrong places. "
-                          "Gather coefficients with sht.gather_coefficients(block) (either order layout)",
-                          UserWarning, stacklevel=4)
-        everyone = collectives.allgather_object(self.cart, (tuple(tile.shape), numpy.dtype(tile.dtype).str))
-        shape = self._fit_tiles(everyone)
-        return gather_parts(RegularTiling(self, shape[-2], shape[-1]), call, tile, root)
+        return gather_tiles(self, tile, root, warn_balanced=True)
 
     @contextlib.contextmanager
     def holding(self, who):
@@ -539,51 +493,7 @@ class ProcessGrid:
         with guarded(self.guard, self.cart, who, refusal, settles=lambda: not self._freed):
             yield
 
-    def _fit_tiles(self, everyone):
-        """Global shape from all ranks' ``(shape, dtype)``; ValueError (same on all ranks) if they do not fit."""
-        lead, dtype = everyone[0][0][:-2], everyone[0][1]
-        odd = [r for r, (s, d) in enumerate(everyone) if s[:-2] != lead or d != dtype]
-        if odd:
-            raise ValueError(
-                "ProcessGrid.gather: tiles disagree in leading shape or dtype: rank 0 has "
-                f"{everyone[0][0]} {numpy.dtype(dtype).name}, "
-                + ", ".join(f"rank {r} has {everyone[r][0]} {numpy.dtype(everyone[r][1]).name}" for r in odd))
-        heights = numpy.array([s[-2] for s, _ in everyone]).reshape(self.npolar, self.nazimuth)
-        widths = numpy.array([s[-1] for s, _ in everyone]).reshape(self.npolar, self.nazimuth)
-        problems = []
-        # every row of the grid shares its height and every column its width ...
-        for p in range(self.npolar):
-            if len(set(heights[p])) > 1:
-                problems.append(f"polar row {p} (ranks {p * self.nazimuth}..{(p + 1) * self.nazimuth - 1}) has "
-                                f"tile heights {heights[p].tolist()}, which must be equal")
-        for a in range(self.nazimuth):
-            if len(set(widths[:, a])) > 1:
-                problems.append(f"azimuth column {a} (ranks {a}, {a + self.nazimuth}, ...) has tile widths "
-                                f"{widths[:, a].tolist()}, which must be equal")
-        # ... and the heights and widths are split_sizes of their sums
-        if not problems:
-            for what, sizes, parts in (("heights", heights[:, 0], self.npolar), ("widths", widths[0], self.nazimuth)):
-                total = int(sizes.sum())
-                if total < parts or sizes.tolist() != split_sizes(total, parts):
-                    problems.append(f"tile {what} {sizes.tolist()} along the grid are not split_sizes({total}, "
-                                    f"{parts}) = {split_sizes(total, parts) if total >= parts else '(too few)'}")
-        if problems:
-            table = ", ".join(f"rank {r}: {tuple(s[-2:])}" for r, (s, _) in enumerate(everyone))
-            raise ValueError("ProcessGrid.gather: the tiles do not fit together as one field: "
-                             + "; ".join(problems) + f" (tiles: {table})")
-        return lead + (int(heights[:, 0].sum()), int(widths[0].sum()))
-
     # --- housekeeping ---------------------------------------------------------------
-
-    def _check_root(self, root, who):
-        """``root`` as an int, or an InputError (agreed on by every rank before it raises)."""
-        try:
-            root = check_int(root, "root", f"ProcessGrid.{who}")
-        except TypeError as exc:
-            raise InputError(str(exc).removeprefix(f"ProcessGrid.{who}: "), TypeError) from None
-        if not 0 <= root < self.size:
-            raise InputError(f"root {root} out of range for {self.size} ranks")
-        return root
 
     def _check_alive(self):
         if self._freed:

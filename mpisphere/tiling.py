@@ -25,8 +25,46 @@ import numpy
 from . import backend, collectives, dtypes
 from .agreement import Call, InputError, collective
 from .partition import offsets_of, split_sizes
+from .validation import check_int
 
-__all__ = ["Tiling", "RegularTiling", "scatter_parts", "gather_parts"]
+__all__ = ["Tiling", "RegularTiling", "scatter_parts", "gather_parts", "check_root", "check_whole", "check_part"]
+
+
+def check_root(grid, root, who):
+    """``root`` as an int of ``grid``'s ranks, or an InputError (agreed on by every rank before it raises).
+
+    ``who``: the operation, ``"scatter"`` or ``"gather"``.
+    """
+    try:
+        root = check_int(root, "root", f"{type(grid).__name__}.{who}")
+    except TypeError as exc:
+        raise InputError(str(exc).removeprefix(f"{type(grid).__name__}.{who}: "), TypeError) from None
+    if not 0 <= root < grid.size:
+        raise InputError(f"root {root} out of range for {grid.size} ranks")
+    return root
+
+
+def check_whole(field, axes, root):
+    """Root's own checks of a whole field it scatters: an array with at least ``axes`` axes, of a dtype that
+    moves (an InputError: TypeError for a non-array or a dtype, ValueError for too few axes)."""
+    if not backend.is_array(field) or field.ndim < axes:
+        wanted = f" with at least {axes} axes" if axes > 1 else ""
+        raise InputError(f"root {root} must pass an array{wanted}, got {type(field).__name__} "
+                         f"{getattr(field, 'shape', '')}".rstrip(),
+                         ValueError if backend.is_array(field) else TypeError)
+    if dtypes.refusal(field.dtype, "moved"):
+        raise InputError(f"root {root}'s field: {dtypes.refusal(field.dtype, 'moved')}", TypeError)
+
+
+def check_part(part, axes, what, trailing=None):
+    """A rank's own checks of the part it gathers: an array with at least ``axes`` axes (ending in ``trailing``
+    when given), of a dtype that moves; ``what`` names the part expected, for the message."""
+    if not backend.is_array(part) or part.ndim < axes or \
+            trailing is not None and tuple(part.shape[-axes:]) != tuple(trailing):
+        raise InputError(f"expected this rank's {what}, got {type(part).__name__} "
+                         f"{getattr(part, 'shape', '')}".rstrip(), ValueError if backend.is_array(part) else TypeError)
+    if dtypes.refusal(part.dtype, "moved"):
+        raise InputError(dtypes.refusal(part.dtype, "moved"), TypeError)
 
 
 class Tiling:
@@ -77,14 +115,9 @@ class Tiling:
         grid, k = self.grid, len(self.whole)
         call = Call(grid.cart, f"{type(self).__name__}.scatter")
         with call.local():
-            root = grid._check_root(root, "scatter")
+            root = check_root(grid, root, "scatter")
             if grid.rank == root:
-                if not backend.is_array(field) or field.ndim < k:
-                    axes = f" with at least {k} axes" if k > 1 else ""
-                    raise InputError(f"root {root} must pass an array{axes}, got {type(field).__name__} "
-                                     f"{getattr(field, 'shape', '')}".rstrip(), TypeError)
-                if dtypes.refusal(field.dtype, "moved"):
-                    raise InputError(f"root {root}'s field: {dtypes.refusal(field.dtype, 'moved')}", TypeError)
+                check_whole(field, k, root)
                 if tuple(field.shape[-k:]) != tuple(self.whole):
                     raise InputError(self._whole_problem(field, root))
         # a tiling of other extents or rings on some rank would send or receive parts of other sizes there
@@ -103,13 +136,8 @@ class Tiling:
         grid, k = self.grid, len(self.whole)
         call = Call(grid.cart, f"{type(self).__name__}.gather")
         with call.local():
-            root = grid._check_root(root, "gather")
-            if not backend.is_array(part) or part.ndim < k or tuple(part.shape[-k:]) != tuple(self.local_shape()):
-                raise InputError(f"expected this rank's {self._part_name()}, got "
-                                 f"{type(part).__name__} {getattr(part, 'shape', '')}".rstrip(),
-                                 ValueError if backend.is_array(part) else TypeError)
-            if dtypes.refusal(part.dtype, "moved"):
-                raise InputError(dtypes.refusal(part.dtype, "moved"), TypeError)
+            root = check_root(grid, root, "gather")
+            check_part(part, k, self._part_name(), self.local_shape())
         # a rank whose part failed its checks has no shape to compare: its finding is what the others meet
         held = None if call.error is not None else (list(part.shape[:-k]), numpy.dtype(part.dtype).name)
         call.agree(root=root, part=held, tiling=self.description(), mismatch="hold different tilings")

@@ -60,6 +60,7 @@ from .. import backend, dtypes
 from ..legendre import NORMS
 from ..agreement import Call, collective, description_of
 from ..operators import DISTRIBUTED, FORWARD, InputError, Layout, LinearOperator, Spec
+from ..grid_fields import gather_tiles
 from ..partition import split_offsets, split_sizes
 from ..validation import check_choice, check_dtype, check_int, check_process_grid
 from ..primitives import ReduceScatter
@@ -294,7 +295,7 @@ class Transform(LinearOperator):
                       f"{self.cdtype.name}, got {type(block).__name__} {getattr(block, 'shape', '')} "
                       f"{getattr(block, 'dtype', '')}".rstrip())
         call.agree(f"{self._describe()} root={root!r}")
-        gathered = self.grid._gather(block, root, warn_balanced=False)  # the columns are put in order below
+        gathered = gather_tiles(self.grid, block, root, warn_balanced=False)  # the columns are put in order below
         if gathered is None or self.orders == "contiguous":
             return gathered
         whole = backend.array_module(gathered).empty_like(gathered)
