@@ -30,7 +30,7 @@ import math
 import numpy
 
 from .. import backend, dtypes
-from ..agreement import InputError, Spec, agree_construction
+from ..agreement import Spec, agree_construction
 from ..geometry import polar_halo_radius
 from ..grid import check_finite
 from ..halo import HaloExchange
@@ -38,96 +38,17 @@ from ..operators import ADJOINT, DISTRIBUTED, FORWARD, Layout, ParametrisedOpera
 from ..partition import split_sizes
 from ..quadrature import latitudes
 from ..stages.fourier import FourierStage, resolve_fft
-from ..stages.pipeline import LocalStage, Pipeline
+from ..stages.pipeline import Pipeline
 from ..tiling import RegularTiling
 from ..transpose import BufferPool, Transpose
 from ..validation import check_dtype, check_int
 from .bands import apply_band, band_tables
 from .bases import filter_basis
 from .psi import check_norm_mode, convolution_tensor, default_theta_cutoff, effective_cutoff
+from .reach import shape_pair, widest_cutoff
+from .stride import LongitudeStride
 
 __all__ = ["DiscoConvS2", "DiscoConvTransposeS2"]
-
-
-class LongitudeStride(LocalStage):
-    """Every ``stride``-th longitude (forward); the adjoint puts them back between zeros."""
-
-    def __init__(self, nlon, stride, layout):
-        super().__init__(layout)
-        self.nlon, self.stride = nlon, stride
-
-    def _shapes(self, lead):
-        return lead + (self.nlon,), lead + (self.nlon // self.stride,)
-
-    def _output(self, direction, spec):
-        n_in, n_out = self.nlon, self.nlon // self.stride
-        if direction == ADJOINT:
-            n_in, n_out = n_out, n_in
-        if not spec.shape or spec.shape[-1] != n_in:
-            raise InputError(f"expected (..., {n_in}), got {spec.shape}")
-        return spec.but(shape=spec.shape[:-1] + (n_out,)), spec.describe()
-
-    def _run(self, direction, x, out, context):
-        if direction == FORWARD:
-            out[...] = x[..., ::self.stride]
-        else:
-            out[...] = 0
-            out[..., ::self.stride] = x
-
-
-def _pair(value, what, who):
-    try:
-        a, b = value
-        return check_int(a, what, who, minimum=1), check_int(b, what, who, minimum=1)
-    except (TypeError, ValueError):
-        raise ValueError(f"{who}: {what} must be a pair (nlat, nlon) of positive integers, got {value!r}") from None
-
-
-def widest_theta_cutoff(grid, in_shape, out_shape, quadrature_in="equiangular", quadrature_out="equiangular"):
-    """The widest ``theta_cutoff`` (radians) a DISCO convolution from ``in_shape`` to ``out_shape`` serves on ``grid``.
-
-    The rows within the cutoff come through the polar halo from the
-    neighbouring polar ranks only; this is the widest cutoff whose rows they
-    hold (``pi``, the whole sphere, on one polar rank), rounded down to six
-    decimals, so the value returned is served. Local: every rank computes
-    the same from the split. The transposed convolution reads the same rows:
-    pass its ``in_shape`` and ``out_shape`` as given to it.
-
-    Parameters
-    ----------
-    grid : ProcessGrid
-    in_shape, out_shape : (int, int)
-        ``(nlat, nlon)`` of the input and output grids.
-    quadrature_in, quadrature_out : str
-        Their latitude rules (torch-harmonics' ``grid_in``, ``grid_out``).
-
-    Returns
-    -------
-    float
-    """
-    who = "widest_theta_cutoff"
-    (nlat_in, _), (nlat_out, _) = _pair(in_shape, "in_shape", who), _pair(out_shape, "out_shape", who)
-    theta_in, _ = latitudes(nlat_in, quadrature_in)
-    theta_out, _ = latitudes(nlat_out, quadrature_out)
-    return _widest_cutoff(grid, theta_in, theta_out, math.pi)
-
-
-def _widest_cutoff(grid, theta_in, theta_out, cutoff):
-    """The widest cutoff (radians) up to ``cutoff`` whose halo reaches no further than the neighbouring polar ranks."""
-    try:
-        polar_halo_radius(grid, theta_in, theta_out, effective_cutoff(cutoff))
-        return cutoff  # served whole (one polar rank: every latitude is this rank's)
-    except ValueError:
-        pass
-    lo, hi = 0.0, cutoff
-    for _ in range(60):
-        mid = 0.5 * (lo + hi)
-        try:
-            polar_halo_radius(grid, theta_in, theta_out, effective_cutoff(mid))
-            lo = mid
-        except ValueError:
-            hi = mid
-    return math.floor(lo * 1e6) / 1e6   # printed with 6 decimals: rounded down, so the value named is served
 
 
 class _DiscoBase(ParametrisedOperator):
@@ -144,8 +65,8 @@ class _DiscoBase(ParametrisedOperator):
         who = self.name
         agree_construction(self, grid.cart, who=who)
         self.grid = grid
-        self.in_shape = _pair(in_shape, "in_shape", who)
-        self.out_shape = _pair(out_shape, "out_shape", who)
+        self.in_shape = shape_pair(in_shape, "in_shape", who)
+        self.out_shape = shape_pair(out_shape, "out_shape", who)
         self.groups = check_int(groups, "groups", who, minimum=1)
         self.dtype = check_dtype(dtype, "transformed", "dtype", who)
         self.cdtype = dtypes.complex_of(self.dtype)
@@ -173,7 +94,7 @@ class _DiscoBase(ParametrisedOperator):
         try:
             self.halo_rows = polar_halo_radius(grid, theta_in, theta_out, effective_cutoff(self.theta_cutoff))
         except ValueError:
-            widest = _widest_cutoff(grid, theta_in, theta_out, self.theta_cutoff)
+            widest = widest_cutoff(grid, theta_in, theta_out, self.theta_cutoff)
             raise ValueError(
                 f"{who}: theta_cutoff={self.theta_cutoff:.6g} reaches past the neighbouring polar rank (input "
                 f"latitudes split as {grid.lat_sizes(nlat_in)}); the widest cutoff this split serves is "

@@ -7,13 +7,13 @@ combinations live beside it (as in SciPy's and PyLops' ``LinearOperator``).
 import math
 
 import numpy
-from mpi4py import MPI
 
 from .. import backend
 from ..agreement import (REFUSED, CallGuard, Context, Described, InputError, Spec, agree, description_of, guarded,
                         raise_everywhere)
 from .abilities import Abilities
-from .layout import ADJOINT, FORWARD, Layout, check_out
+from .calling import agreement_comm, agreement_parts, checked_call
+from .layout import ADJOINT, FORWARD, Layout
 
 
 
@@ -187,50 +187,7 @@ class LinearOperator(Described):
         :meth:`_output_in_place`, and ``_reserve`` and ``_run`` get ``out is
         x``).
         """
-        label = label or direction
-        who = f"{self.name}.{label}"
-        comm = self._comm
-        replay = self._replay(direction, x) if in_place else None
-        if replay is not None:  # a call planned in an earlier one on the same array: nothing to check or agree
-            self._guarded(who, comm, lambda: self._refuse(comm, who, None, None, None), replay.run)
-            return x
-        self._layouts()
-        if self._simple():
-            return self._forward(x, out) if direction == FORWARD else self._adjoint(x, out)
-        if comm is not None and comm == MPI.COMM_NULL:
-            raise RuntimeError(f"{who}: the operator's communicator was freed (grid.free()); build the operator "
-                               "on a live grid")
-        error, spec, result, description = None, None, None, "(input not understood)"
-        try:
-            spec = Spec.of(x)
-            result, description = (self._output_in_place if in_place else self._output)(direction, spec)
-            self._check_values(direction, x)
-            if in_place:
-                if not backend.is_writeable(x):
-                    raise InputError(f"the array is read-only; {label} writes into it")
-            elif out is not None:
-                check_out(out, result, x)
-        except InputError as exc:
-            error = exc
-        if error is None:  # allocate before agreeing: a failure here is this rank's finding, seen by every rank
-            try:
-                if in_place:
-                    out = x
-                elif out is None:
-                    out = _allocate(result, x)
-                self._reserve(direction, x, out)
-            except Exception as exc:  # noqa: BLE001 -- MemoryError, cupy's OutOfMemoryError, ...
-                error = InputError.from_exception(exc, f"allocating the buffers of this call ({result.describe()})")
-        signature = f"{self._describe()} {label}{purpose}"
-
-        def call():
-            context = self._agreement(comm, who, error, description, spec, signature)
-            try:
-                (runner or self._run)(direction, x, out, context)
-            except InputError as exc:  # a finding is raised as the exception it names, never as itself
-                raise exc.kind(f"{who}: {exc.text}") from None
-            return out
-        return self._guarded(who, comm, lambda: self._refuse(comm, who, description, spec, signature), call)
+        return checked_call(self, direction, x, out, label, runner, in_place, purpose)
 
     def _guarded(self, who, comm, refusal, call):
         """``call()`` under the grid's guard; at the end of an outermost call, a failure noted elsewhere raises.
@@ -273,46 +230,9 @@ class LinearOperator(Described):
         return Abilities()
 
 
-def _allocate(spec, like):
-    xp = backend.array_module(like)
-    with backend.device_of(like):
-        return xp.empty(spec.shape, dtype=spec.dtype)
-
-
 def _is_real_scalar(value):
     return isinstance(value, (int, float, numpy.integer, numpy.floating)) and not isinstance(value, bool) \
         and math.isfinite(float(value))
-
-
-def _agreement_comm(ops):
-    """The communicator a group of operators agrees on, or None when none of them communicates.
-
-    Their common communicator when every part that communicates uses the
-    same one (a composition then meets its parts, called one after the other
-    on another rank, in the same agreement); otherwise the space they share.
-    """
-    comms = [op._comm for op in ops if getattr(op, "_comm", None) is not None]
-    if not comms:
-        return None
-    first = comms[0]
-    if all(c is first or (c != MPI.COMM_NULL and first != MPI.COMM_NULL and
-                          MPI.Comm.Compare(c, first) == MPI.IDENT) for c in comms[1:]):
-        return first
-    return next(op for op in ops if getattr(op, "_comm", None) is not None).domain.space
-
-
-def _parts(op, direction, text, comm):
-    """An operator's agreement parts: a list of (communicator, description) (see :func:`agree`).
-
-    A part that does not communicate (a diagonal, a scaling) still has its
-    own description compared over ``comm``, the communicator of the
-    composition: its parameters decide the result as much as a transform's.
-    """
-    if not isinstance(text, str):
-        return list(text)
-    if op._comm is None:
-        return [(comm, f"{op._describe()} {direction}"), (None, text)]
-    return [(op._comm, f"{op._describe()} {direction}: {text}")]
 
 
 def domain_dtype(op, dtype=None):
@@ -419,7 +339,7 @@ class _Composition(_Combination):
                 raise ValueError(f"{op.name} cannot take part in a composition: {op.needs_own_agreement}")
         self.domain = self.ops[-1].domain
         self.range = self.ops[0].range
-        self._comm = _agreement_comm(self.ops)
+        self._comm = agreement_comm(self.ops)
         self._scratch = backend.Workspace()
 
     @property
@@ -447,7 +367,7 @@ class _Composition(_Combination):
                 spec, text = op._output(direction, spec)
             except InputError as exc:
                 raise InputError(f"at {op.name}.{direction}: {exc.text}", exc.kind) from None
-            parts += _parts(op, direction, text, self._comm)
+            parts += agreement_parts(op, direction, text, self._comm)
         return spec, parts
 
     def _describe(self):
@@ -501,7 +421,7 @@ class _Sum(_Combination):
         self.ops = (a, b)
         self.sign = sign
         self.domain, self.range = a.domain, a.range
-        self._comm = _agreement_comm(self.ops)
+        self._comm = agreement_comm(self.ops)
         self._scratch = backend.Workspace()
 
     @property
@@ -531,7 +451,8 @@ class _Sum(_Combination):
         if first.shape != second.shape or first.dtype != second.dtype:
             raise InputError(f"{self.ops[0].name} gives {first.describe()} but {self.ops[1].name} gives "
                              f"{second.describe()}; they cannot be added")
-        return first, _parts(self.ops[0], direction, d1, self._comm) + _parts(self.ops[1], direction, d2, self._comm)
+        return first, (agreement_parts(self.ops[0], direction, d1, self._comm)
+                       + agreement_parts(self.ops[1], direction, d2, self._comm))
 
     def _describe(self):
         return f"({self.ops[0]._describe()}) {'+' if self.sign > 0 else '-'} ({self.ops[1]._describe()})"

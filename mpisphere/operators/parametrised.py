@@ -29,7 +29,8 @@ from .. import backend, collectives
 from ..agreement import Call, Context, InputError, Spec, collective
 from ..agreement.description import describe_parameter
 from ..grid import check_tile
-from .base import LinearOperator, _allocate
+from .base import LinearOperator
+from .calling import allocate as _allocate
 from .layout import ADJOINT
 
 __all__ = ["ParametrisedOperator", "parameter", "sum_parts"]
