@@ -34,9 +34,8 @@ from .halo import HaloExchange
 from .operators import DISTRIBUTED, FORWARD, InputError, Layout, LinearOperator
 from .partition import offsets_of, split_sizes
 from .quadrature import latitudes, rule
-from .ring_tiles import RingTiles
 from .rings import RingGeometry
-from .tiling import RegularTiling, Tiling
+from .tiling import Tiling
 from .validation import check_int, is_process_grid
 
 __all__ = ["PointInterpolation"]
@@ -103,32 +102,15 @@ class PointInterpolation(LinearOperator):
         who = "PointInterpolation"
         tiling, lats, lons = _tiling_and_points(who, grid, args, quadrature)
         grid = tiling.grid
-        # what the ranks compare: the arguments by name whichever form was used (a rank's differing points are
-        # named "lats", not the position they had)
-        if isinstance(tiling, RegularTiling):
-            self._arguments_are(grid=grid, nlat=tiling.whole[0], nlon=tiling.whole[1], lats=lats, lons=lons,
-                                quadrature=quadrature)
-        else:
-            self._arguments_are(tiling=tiling, lats=lats, lons=lons)
+        # what the ranks compare: the tiling's points by value, the points by their bytes, the latitude rule
+        self._arguments_are(grid=grid, tiling=tiling.description(), lats=lats, lons=lons, quadrature=quadrature)
         # the points decide which rank owns what: every rank must pass the same (compared by their bytes)
         agree_construction(self, grid.cart, who=who)
         self.grid, self.tiling = grid, tiling
         lats, lons = _check_points(who, lats, lons)
         self.npoints = lats.size
-        if isinstance(tiling, RingTiles):
-            self.stencil = _RingStencil(who, tiling, lats, lons)
-            self.tiles, self.rings = tiling, tiling.rings
-        elif isinstance(tiling, RegularTiling):
-            try:
-                self.quadrature = rule(quadrature).name
-            except ValueError as exc:
-                raise ValueError(f"{who}: {exc}") from None
-            self.nlat, self.nlon = tiling.whole
-            self.stencil = _TileStencil(who, tiling, self.quadrature, lats, lons)
-            self.halo = self.stencil.halo
-        else:
-            raise TypeError(f"{who}: no stencil for a {type(tiling).__name__}; rectangles "
-                            "(grid.tiling(nlat, nlon)) and rings (RingTiles) are interpolated")
+        self.stencil = tiling.stencil(_STENCILS, who, quadrature, lats, lons)  # the tiling names its kind's stencil
+        self.__dict__.update(self.stencil.attributes)  # the attributes of the last releases (halo, rings, ...)
         self.indices = self.stencil.indices
         self.tile = tuple(tiling.local_shape())
         self.domain = self.range = Layout(DISTRIBUTED, grid.cart)
@@ -203,6 +185,10 @@ class _TileStencil:
     """Rectangular tiles: the four corners of a point's cell through a one-row, one-column halo."""
 
     def __init__(self, who, tiling, quadrature, lats, lons):
+        try:
+            quadrature = rule(quadrature).name
+        except ValueError as exc:
+            raise ValueError(f"{who}: {exc}") from None
         grid = tiling.grid
         nlat, nlon = tiling.whole
         theta, _ = latitudes(nlat, quadrature)
@@ -226,6 +212,7 @@ class _TileStencil:
         self.halo = HaloExchange(grid, rows=1, cols=1, extents=(nlat, nlon))
         self.tile = tuple(tiling.local_shape())
         self.holds = f"tile (..., {self.tile[0]}, {self.tile[1]})"
+        self.attributes = {"quadrature": quadrature, "nlat": nlat, "nlon": nlon, "halo": self.halo}
 
     def run(self, direction, x, out, context):
         xp = backend.array_module(x)
@@ -249,6 +236,7 @@ class _RingStencil:
     def __init__(self, who, tiles, lats, lons):
         grid, rings = tiles.grid, tiles.rings
         self.grid, self.rings, self.tiles = grid, rings, tiles
+        self.attributes = {"tiles": tiles, "rings": rings}
         theta = rings.theta
         colat = 0.5 * math.pi - lats
         _refuse_the_caps(who, theta, colat, rings.name)
@@ -360,3 +348,13 @@ class _RingStencil:
         target[...] = 0
         for q, block in enumerate(arrived):
             target[:, self._sent(q, x)] += block  # the indices sent to one rank are distinct
+
+
+class _STENCILS:
+    """The stencils a tiling picks from (``Tiling.stencil``): one per kind of points, named by what they walk."""
+
+    rectangles = _TileStencil
+
+    @staticmethod
+    def rings(who, tiles, lats, lons):
+        return _RingStencil(who, tiles, lats, lons)

@@ -8,14 +8,16 @@ and each ring's longitudes over the azimuth ranks
 ``(..., npoints)``: its share of each of its rings, ring after ring.
 """
 
+import math
+
 import numpy
 
 from .agreement.description import digest
 from .partition import offsets_of, split_offsets, split_sizes
 from .rings import RingGeometry, balanced_ring_split
-from .tiling import Tiling
+from .tiling import Points, Tiling
 
-__all__ = ["RingTiles"]
+__all__ = ["RingTiles", "is_ring_tiles"]
 
 
 class RingTiles(Tiling):
@@ -78,6 +80,30 @@ class RingTiles(Tiling):
     def place(self, field, rank, part):
         field[..., self.point_indices(rank)] = part
 
+    def points(self, quadrature=None):
+        """This rank's :class:`~mpisphere.tiling.Points`, each ``(npoints,)``: the rings' own colatitudes and
+        Gauss weights (``quadrature`` is not used: a ring grid has its rule)."""
+        ring = numpy.repeat(self.local_rings, self.counts)
+        return Points(self.rings.theta[ring], self.longitudes, self.rings.weights[ring],
+                      2 * math.pi / self.rings.nlon[ring], ring, int(self.rings.nrings))
+
+    def parameters(self, quadrature=None):
+        return {"rings": repr(self.rings)}
+
+    def transforms(self, family, lmax=None, mmax=None, quadrature=None, **options):
+        kinds = (family.DistributedReducedRealSHT, family.DistributedInverseReducedRealSHT,
+                 family.DistributedReducedRealVectorSHT, family.DistributedInverseReducedRealVectorSHT)
+        return tuple(kind(self.grid, self.rings, lmax, mmax, **options) for kind in kinds)
+
+    def write_to(self, store, name, part, quadrature=None, **options):
+        return store.write_points(name, part, self, **options)
+
+    def read_from(self, store, name, quadrature=None):
+        return store.read_points(name, self)
+
+    def stencil(self, stencils, who, quadrature, lats, lons):
+        return stencils.rings(who, self, lats, lons)
+
     def rings_of(self, polar_rank):
         """Global indices of the rings polar rank ``polar_rank`` holds."""
         start = self._ring_starts[polar_rank]
@@ -127,3 +153,8 @@ class RingTiles(Tiling):
 
     def _part_name(self):
         return f"points (..., {self.npoints}) of {self.rings.name}"
+
+
+def is_ring_tiles(value):
+    """Whether ``value`` is a :class:`RingTiles` (the one test of this kind, for arguments that take only it)."""
+    return isinstance(value, RingTiles)

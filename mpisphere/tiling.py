@@ -19,15 +19,18 @@ kind of grid is one class.
 """
 
 import math
+from typing import NamedTuple
 
 import numpy
 
 from . import backend, collectives, dtypes
 from .agreement import Call, InputError, collective
 from .partition import offsets_of, split_sizes
+from .quadrature import latitudes, rule
 from .validation import check_int
 
-__all__ = ["Tiling", "RegularTiling", "scatter_parts", "gather_parts", "check_root", "check_whole", "check_part"]
+__all__ = ["Tiling", "RegularTiling", "Points", "scatter_parts", "gather_parts", "check_root", "check_whole",
+           "check_part"]
 
 
 def check_root(grid, root, who):
@@ -67,6 +70,22 @@ def check_part(part, axes, what, trailing=None):
         raise InputError(dtypes.refusal(part.dtype, "moved"), TypeError)
 
 
+class Points(NamedTuple):
+    """This rank's points of a tiling, each array broadcast against the trailing shape of its part.
+
+    On rectangular tiles ``(h, w)``: ``colatitudes``, ``weights`` and
+    ``rings`` are ``(h, 1)``, ``longitudes`` ``(w,)``, ``spacing`` a float;
+    on rings ``(npoints,)`` each (every ring its own spacing).
+    """
+
+    colatitudes: object  #: radians, 0 at the north pole
+    longitudes: object   #: radians, east of the first meridian
+    weights: object      #: the latitude rule's weight of each point's ring (for ``x = cos(theta)``)
+    spacing: object      #: the longitude spacing of each point's ring (radians)
+    rings: object        #: the global index of each point's ring (a latitude row)
+    nrings: int          #: the whole grid's rings (latitudes)
+
+
 class Tiling:
     """Which points of a whole field each rank of ``grid`` holds (the base of every kind).
 
@@ -90,6 +109,37 @@ class Tiling:
     def place(self, field, rank, part):
         """Write rank ``rank``'s ``part`` into its points of the whole ``field``."""
         raise NotImplementedError
+
+    # --- what serves the points of this kind (asked, so that no caller tests a tiling's kind) ---------------
+
+    def points(self, quadrature="equiangular"):
+        """This rank's :class:`Points`; ``quadrature``: a regular grid's latitude rule (a ring grid has its own)."""
+        raise NotImplementedError
+
+    def parameters(self, quadrature="equiangular"):
+        """The plain values (a JSON dict) that identify these points' grid, for a checkpoint's parameters."""
+        raise NotImplementedError
+
+    def transforms(self, family, lmax=None, mmax=None, quadrature="equiangular", **options):
+        """The four transforms of fields on these points: scalar and vector, forward and inverse.
+
+        ``family``: the namespace of the transform classes
+        (``mpisphere.sht``), passed in so that a tiling imports nothing
+        above it; ``options``: the transforms' keywords.
+        """
+        raise NotImplementedError
+
+    def write_to(self, store, name, part, quadrature="equiangular", **options):
+        """Write this rank's ``part`` as variable ``name`` of ``store`` (a ``FieldStore``) as this kind is stored."""
+        raise NotImplementedError
+
+    def read_from(self, store, name, quadrature="equiangular"):
+        """This rank's part of variable ``name`` of ``store``, as this kind is stored."""
+        raise NotImplementedError
+
+    def stencil(self, stencils, who, quadrature, lats, lons):
+        """The interpolation stencil of this kind from ``stencils`` (``mpisphere.interpolation``'s table of them)."""
+        raise TypeError(f"{who}: no interpolation stencil for {type(self).__name__}")
 
     def description(self):
         """What the ranks compare before a whole field moves: the kind, the whole shape, and what else decides which
@@ -185,6 +235,31 @@ class RegularTiling(Tiling):
 
     def place(self, field, rank, part):
         field[(Ellipsis,) + self.slices(rank)] = part
+
+    def points(self, quadrature="equiangular"):
+        nlat, nlon = self.whole
+        theta, weights = latitudes(nlat, quadrature)
+        lat, lon = self.slices()
+        return Points(theta[lat].reshape(-1, 1), 2.0 * math.pi * numpy.arange(lon.start, lon.stop) / nlon,
+                      weights[lat].reshape(-1, 1), 2 * math.pi / nlon,
+                      numpy.arange(lat.start, lat.stop).reshape(-1, 1), nlat)
+
+    def parameters(self, quadrature="equiangular"):
+        return {"nlat": int(self.whole[0]), "nlon": int(self.whole[1]), "quadrature": rule(quadrature).name}
+
+    def transforms(self, family, lmax=None, mmax=None, quadrature="equiangular", **options):
+        kinds = (family.DistributedRealSHT, family.DistributedInverseRealSHT, family.DistributedRealVectorSHT,
+                 family.DistributedInverseRealVectorSHT)
+        return tuple(kind(self.grid, *self.whole, lmax, mmax, quadrature=quadrature, **options) for kind in kinds)
+
+    def write_to(self, store, name, part, quadrature="equiangular", **options):
+        return store.write_tiles(name, part, *self.whole, quadrature, **options)
+
+    def read_from(self, store, name, quadrature="equiangular"):
+        return store.read_tiles(name, *self.whole, quadrature)
+
+    def stencil(self, stencils, who, quadrature, lats, lons):
+        return stencils.rectangles(who, self, quadrature, lats, lons)
 
 
 def scatter_parts(tiling, call, field, shape, dtype, root):

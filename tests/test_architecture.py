@@ -329,3 +329,62 @@ def test_the_protocol_checker_sees_both_mistakes(tmp_path):
                       "def helper(comm):\n    settle(comm, 'x', None)\n")
     assert unmarked_collective_methods(sample) == [(2, "Store.write")]
     assert hand_written_agreements(sample) == [(11, "settle")]
+
+
+# --- tilings answer for their kind; small modules -------------------------------------------------------
+
+TILING_KINDS = re.compile(r"isinstance\([^)]*\b(?:RegularTiling|RingTiles)\b")
+TILING_HOMES = {"tiling", "ring_tiles"}
+
+
+def test_no_module_tests_a_tilings_kind():
+    """The model, the interpolation and the store ask a tiling (``points``, ``transforms``, ``stencil``,
+    ``write_to``) instead of testing which kind it is: a new kind of grid is a new tiling, not a case in each."""
+    wrong = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if module_name(path) in TILING_HOMES:
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if TILING_KINDS.search(line):
+                wrong.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert not wrong, "tests of a tiling's kind outside the tiling modules:\n" + "\n".join(wrong)
+
+
+def test_the_tiling_rule_sees_a_kind_test():
+    assert TILING_KINDS.search("if isinstance(tiling, RegularTiling):")
+    assert TILING_KINDS.search("elif isinstance(tiles, (RingTiles, Other)):")
+    assert not TILING_KINDS.search("if isinstance(grid, Tiling):")
+
+
+CODE_LINES = 350
+
+
+def code_lines(source):
+    """The lines of ``source`` that hold code: not blank, not comments, not docstrings."""
+    import io
+    import tokenize
+    docstrings = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body and \
+                isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant) and \
+                isinstance(node.body[0].value.value, str):
+            docstrings.update(range(node.body[0].lineno, node.body[0].end_lineno + 1))
+    skipped = (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER)
+    lines = set()
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type not in skipped:
+            lines.update(n for n in range(token.start[0], token.end[0] + 1) if n not in docstrings)
+    return len(lines)
+
+
+def test_no_module_holds_more_than_350_lines_of_code():
+    """A module past 350 lines of code (docstrings and comments aside) holds two jobs: split it."""
+    long = {module_name(p): code_lines(p.read_text()) for p in PACKAGE.rglob("*.py")}
+    wrong = [f"{name} ({n} lines of code)" for name, n in sorted(long.items()) if n > CODE_LINES]
+    assert not wrong, f"modules over {CODE_LINES} lines of code: " + ", ".join(wrong)
+
+
+def test_the_line_counter_leaves_out_docstrings_and_comments():
+    source = ('"""Doc.\n\nMore."""\n\n# a comment\nx = 1  # trailing\n\n\n'
+              'def f():\n    """Doc."""\n    return (1,\n            2)\n')
+    assert code_lines(source) == 4  # x = 1; def f():; the two lines of the return

@@ -50,13 +50,9 @@ from . import shallow_water_checkpoints as checkpoints, shallow_water_initial as
 from .shallow_water_implicit import gravity_waves
 from .shallow_water_initial import williamson5_orography
 from .tangent_linear import TangentLinearModel
-from ..quadrature import latitudes
-from ..ring_tiles import RingTiles
+from .. import sht as sht_family
 from ..rings import RingGeometry
 from ..tiling import Tiling
-from ..sht import (DistributedInverseReducedRealSHT, DistributedInverseReducedRealVectorSHT,
-                   DistributedInverseRealSHT, DistributedInverseRealVectorSHT, DistributedReducedRealSHT,
-                   DistributedReducedRealVectorSHT, DistributedRealSHT, DistributedRealVectorSHT)
 
 __all__ = ["ShallowWaterSolver"]
 
@@ -73,8 +69,9 @@ COURANT_LIMITS = {"explicit": 0.85, "semi-implicit": 1.6}
 
 
 def _grid_arguments(grid, args, nlat, nlon, dt, lmax, mmax):
-    """``(grid, nlat, nlon, dt, lmax, mmax, rings)`` from ``(tiling, dt, lmax, mmax)`` or ``(grid, nlat, nlon, dt,
-    lmax, mmax)``, positional or by name; ``rings`` is the ring grid's geometry, or ``None`` for a regular one."""
+    """``(tiling, dt, lmax, mmax, problem)`` from ``(tiling, dt, lmax, mmax)`` or ``(grid, nlat, nlon, dt, lmax,
+    mmax)``, positional or by name; ``problem``: why ``grid.tiling(nlat, nlon)`` could not be made (a TypeError or
+    ValueError, raised on every rank once the arguments are agreed), else ``None``."""
     who = "ShallowWaterSolver"
     tiling = grid if isinstance(grid, Tiling) else None
     names = ("dt", "lmax", "mmax") if tiling is not None else ("nlat", "nlon", "dt", "lmax", "mmax")
@@ -89,21 +86,18 @@ def _grid_arguments(grid, args, nlat, nlon, dt, lmax, mmax):
         given[name] = value
     if given["dt"] is None:
         raise TypeError(f"{who}: the time step dt is required")
-    rings = None
-    if isinstance(tiling, RingTiles):
-        if given["nlat"] is not None or given["nlon"] is not None:
-            raise TypeError(f"{who}: the tiling gives the grid; pass no nlat or nlon with it")
-        grid, rings = tiling.grid, tiling.rings
-        given["nlat"] = rings
-    elif tiling is not None:
-        if given["nlat"] is not None or given["nlon"] is not None:
-            raise TypeError(f"{who}: the tiling gives the grid; pass no nlat or nlon with it")
-        grid = tiling.grid
-        given["nlat"], given["nlon"] = tiling.whole
-    elif isinstance(given["nlat"], RingGeometry):
+    if tiling is not None and (given["nlat"] is not None or given["nlon"] is not None):
+        raise TypeError(f"{who}: the tiling gives the grid; pass no nlat or nlon with it")
+    if isinstance(given["nlat"], RingGeometry):
         raise TypeError(f"{who}(grid, rings, None, dt) was removed in 0.4.3 (deprecated since 0.4.0): pass the "
                         "grid's tiling, ShallowWaterSolver(RingTiles(grid, rings), dt)")
-    return grid, given["nlat"], given["nlon"], given["dt"], given["lmax"], given["mmax"], rings
+    problem = None
+    if tiling is None:
+        try:
+            tiling = grid.tiling(given["nlat"], given["nlon"])
+        except (TypeError, ValueError) as exc:
+            problem = exc
+    return tiling, given["dt"], given["lmax"], given["mmax"], problem
 
 
 class ShallowWaterSolver(Described):
@@ -211,24 +205,17 @@ class ShallowWaterSolver(Described):
                  radius=6.37122e6, omega=7.292e-5, gravity=9.80616, havg=10.0e3, hamp=120.0,
                  orders="contiguous", orography=None, scheme="explicit", reference_depth=None,
                  robert_asselin=0.05):
-        grid, nlat, nlon, dt, lmax, mmax, rings = _grid_arguments(grid, args, nlat, nlon, dt, lmax, mmax)
-        # what the ranks compare: every argument by name, whichever form the call used
-        built = {k: v for k, v in self._called_with().items() if k not in ("grid", "args")}
-        self._arguments_are(grid=grid, **{**built, "nlat": nlat, "nlon": nlon, "dt": dt, "lmax": lmax, "mmax": mmax})
-        error = None
-        tile = None  # this rank's tile, where a check needs it
-        try:
-            if rings is not None:
-                tile = (RingTiles(grid, rings).npoints,)
-            elif isinstance(orography, numpy.ndarray):
-                tile = grid.local_shape(nlat, nlon)
-        except (TypeError, ValueError) as exc:
-            error = InputError(str(exc), type(exc))
+        given_grid = grid
+        tiling, dt, lmax, mmax, problem = _grid_arguments(grid, args, nlat, nlon, dt, lmax, mmax)
+        grid = given_grid if tiling is None else tiling.grid
+        # what the ranks compare: every argument by name, whichever form the call used, the points by value
+        built = {k: v for k, v in self._called_with().items() if k not in ("grid", "args", "nlat", "nlon")}
+        self._arguments_are(grid=grid, **{**built, "points": None if tiling is None else tiling.description(),
+                                          "dt": dt, "lmax": lmax, "mmax": mmax})
+        error = None if problem is None else InputError(str(problem), type(problem))
+        tile = None if tiling is None else tuple(tiling.local_shape())  # this rank's part, where a check needs it
         if error is not None:
-            pass  # the grid does not split the rings: nothing else can be checked
-        elif rings is not None and nlon is not None:
-            error = InputError(f"pass nlon=None with a RingGeometry (the rings give every ring's points), got "
-                               f"nlon={nlon!r}")
+            pass  # no tiling: nothing else can be checked
         elif scheme not in SCHEMES:
             error = InputError(f"scheme must be {' or '.join(map(repr, SCHEMES))}, got {scheme!r}")
         elif not (orography is None or isinstance(orography, str) and orography == "williamson5"
@@ -239,47 +226,27 @@ class ShallowWaterSolver(Described):
                                f"{type(orography).__name__} {getattr(orography, 'shape', orography)!r}")
         agree_construction(self, grid.cart, error=error)
         self.scheme = scheme
-        self.grid = grid
+        self.grid, self.tiling = grid, tiling  # the tiling: which points each rank holds, and what serves them
         self.dt = float(dt)
-        self.rings = rings
-        self.nlat, self.nlon = (nlat, nlon) if rings is None else (rings.nrings, None)
-        self.quadrature = quadrature if rings is None else "legendre-gauss"
 
         self.radius, self.omega, self.gravity = float(radius), float(omega), float(gravity)
         self.havg, self.hamp = float(havg), float(hamp)
         self.reference_depth = self.havg if reference_depth is None else float(reference_depth)
         self.robert_asselin = float(robert_asselin)
-        if rings is None:
-            options = dict(quadrature=quadrature, csphase=False, orders=orders)
-            kinds, where = (DistributedRealSHT, DistributedInverseRealSHT, DistributedRealVectorSHT,
-                            DistributedInverseRealVectorSHT), (nlat, nlon)
-        else:
-            options = dict(csphase=False, orders=orders)
-            kinds, where = (DistributedReducedRealSHT, DistributedInverseReducedRealSHT,
-                            DistributedReducedRealVectorSHT, DistributedInverseReducedRealVectorSHT), (rings,)
-        self.sht, self.isht, self.vsht, self.ivsht = (kind(grid, *where, lmax, mmax, **options) for kind in kinds)
+        self.sht, self.isht, self.vsht, self.ivsht = tiling.transforms(sht_family, lmax, mmax, quadrature,
+                                                                       csphase=False, orders=orders)
         self.lmax, self.mmax = self.sht.lmax, self.sht.mmax
-        self.tiling = self.sht.tiles if rings is not None else grid.tiling(nlat, nlon)  # which points each rank holds
+        self.quadrature = self.sht.quadrature
         self._grid_axes = len(self.sht.tile_shape)  # 2 (rows, columns) or 1 (a reduced grid's points)
-
-        if rings is None:
-            theta, weights = latitudes(nlat, quadrature)
-            lat, lon = grid.local_slices(nlat, nlon)
-            self.lats = (0.5 * math.pi - theta)[lat]
-            self.lons = 2.0 * math.pi * numpy.arange(lon.start, lon.stop) / nlon
-            self.quad_weights = weights[lat].reshape(-1, 1)
-            self.coriolis = (2.0 * self.omega * numpy.sin(self.lats)).reshape(-1, 1)
-            self._dlon = 2 * math.pi / nlon
-            self._rows = numpy.arange(lat.start, lat.stop).reshape(-1, 1)
-        else:
-            tiles = self.sht.tiles
-            ring = numpy.repeat(tiles.local_rings, tiles.counts)
-            self.lats = 0.5 * math.pi - tiles.colatitudes
-            self.lons = tiles.longitudes
-            self.quad_weights = rings.weights[ring]
-            self.coriolis = 2.0 * self.omega * numpy.sin(self.lats)
-            self._dlon = 2 * math.pi / rings.nlon[ring]  # each ring's own spacing
-            self._rows = ring
+        points = tiling.points(quadrature)
+        self.nlat = points.nrings
+        self.nlon = tiling.whole[1] if self._grid_axes == 2 else None  # a reduced grid's rings have their own
+        self.lats = (0.5 * math.pi - points.colatitudes).reshape(-1)
+        self.lons = numpy.asarray(points.longitudes).reshape(-1)
+        self.quad_weights = points.weights
+        self.coriolis = 2.0 * self.omega * numpy.sin(0.5 * math.pi - points.colatitudes)
+        self._dlon = points.spacing
+        self._rows = points.rings
         if orography is None:
             self.orography = numpy.zeros(self.sht.tile_shape)
         elif isinstance(orography, str):

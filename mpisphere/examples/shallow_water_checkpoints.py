@@ -77,10 +77,8 @@ def _describe_history(model, history, kind, uspec):
 
 def parameters(model):
     """What a continuation must share with this model: the grid, truncation, time step and constants (a dict)."""
-    where = {"nlat": int(model.nlat), "nlon": int(model.nlon), "quadrature": model.sht.quadrature} \
-        if model.rings is None else {"rings": repr(model.rings)}
-    return {**where, "lmax": int(model.lmax), "mmax": int(model.mmax), "dt": model.dt, "radius": model.radius,
-            "omega": model.omega,
+    return {**model.tiling.parameters(model.sht.quadrature), "lmax": int(model.lmax), "mmax": int(model.mmax),
+            "dt": model.dt, "radius": model.radius, "omega": model.omega,
             "gravity": model.gravity, "havg": model.havg, "hamp": model.hamp, "scheme": model.scheme,
             "reference_depth": model.reference_depth, "orography": model._orography_kind,
             # the filter exists in the semi-implicit scheme only (explicit checkpoints stay as they were)

@@ -9,7 +9,9 @@
 Zarr (``pip install '.[io]'``, Python 3.11 or newer) is imported when a
 store is opened; ``import mpisphere.io`` needs only mpisphere.
 
-Modules: :mod:`.chunks` (who stores which chunk, no MPI), :mod:`.zarr_files`
+Modules: :mod:`.chunks` (who stores which chunk, no MPI), :mod:`.owners` (the
+all-to-all between parts and chunks), :mod:`.variables` (one variable as Zarr
+holds it, no MPI), :mod:`.zarr_files`
 (the Zarr side), ``store`` (the collective calls), ``checkpoint``
 (versions).
 """

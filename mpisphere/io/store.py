@@ -11,20 +11,20 @@ import os
 
 import numpy
 
-from .. import __version__, backend, collectives
+from .. import __version__
 from ..agreement import Call, InputError, collective
-from ..dtypes import refusal
-from ..quadrature import latitudes, rule
-from ..ring_tiles import RingTiles
-from ..tiling import RegularTiling
+from ..quadrature import rule
+from ..ring_tiles import is_ring_tiles
+from ..tiling import Tiling
 from ..validation import check_choice, check_int
 from . import zarr_files
-from .chunks import ChunkPlan, Parts, band_rows
+from .chunks import ChunkPlan, Parts
+from .owners import OwnerExchange, stored_selection
+from .variables import WriteRequest, check_write, prepare
 
 __all__ = ["FieldStore"]
 
 _MODES = ("r", "r+", "w", "a")
-_PLANE = {"tiles": ("lat", "lon"), "coefficients": ("l", "m"), "points": ("point",)}
 
 
 class FieldStore:
@@ -173,13 +173,13 @@ class FieldStore:
             grid and dtype must match.
         """
         call = Call(self._comm, f"FieldStore.write_tiles({name!r})")
-        meta = parts = expected = None
+        request = WriteRequest(name, "tiles", dims=dims, coords=coords, attrs=attrs, append=append)
         with call.local():
             nlat, nlon, found = self._plane_of_tiles(call.who, nlat, nlon, quadrature)
-            meta = {"mpisphere": "tiles", "nlat": nlat, "nlon": nlon, "quadrature": found}
-            expected = self.grid.local_shape(nlat, nlon)
-            parts = Parts.of_grid(self.grid.npolar, self.grid.nazimuth, nlat, nlon)
-        self._write(call, name, tile, expected, parts, meta, "tiles", dims, coords, attrs, append, layout=None)
+            request.meta = {"mpisphere": "tiles", "nlat": nlat, "nlon": nlon, "quadrature": found}
+            request.expected = self.grid.local_shape(nlat, nlon)
+            request.parts = Parts.of_grid(self.grid.npolar, self.grid.nazimuth, nlat, nlon)
+        self._write(call, request, tile)
 
     @collective
     def read_tiles(self, name, nlat, nlon, quadrature="equiangular"):
@@ -215,11 +215,9 @@ class FieldStore:
         ``quadrature``'s latitudes) or a :class:`~mpisphere.RingTiles` (points, as :meth:`write_points`).
         The other arguments as in :meth:`write_tiles`.
         """
-        if isinstance(tiling, RegularTiling):
-            return self.write_tiles(name, part, *tiling.whole, quadrature, dims=dims, coords=coords, attrs=attrs,
-                                    append=append)
-        # rings, or anything else: write_points refuses what is not a RingTiles, on every rank
-        return self.write_points(name, part, tiling, dims=dims, coords=coords, attrs=attrs, append=append)
+        if not isinstance(tiling, Tiling):  # write_points refuses it on every rank, naming what it takes
+            return self.write_points(name, part, tiling, dims=dims, coords=coords, attrs=attrs, append=append)
+        return tiling.write_to(self, name, part, quadrature, dims=dims, coords=coords, attrs=attrs, append=append)
 
     @collective
     def read_field(self, name, tiling, quadrature="equiangular"):
@@ -227,9 +225,9 @@ class FieldStore:
 
         Collective.
         """
-        if isinstance(tiling, RegularTiling):
-            return self.read_tiles(name, *tiling.whole, quadrature)
-        return self.read_points(name, tiling)
+        if not isinstance(tiling, Tiling):
+            return self.read_points(name, tiling)
+        return tiling.read_from(self, name, quadrature)
 
     # --- coefficients -------------------------------------------------------------------------------
 
@@ -251,11 +249,11 @@ class FieldStore:
             As in :meth:`write_tiles`.
         """
         call = Call(self._comm, f"FieldStore.write_coefficients({name!r})")
-        meta = parts = expected = layout = None
+        request = WriteRequest(name, "coefficients", dims=dims, coords=coords, attrs=attrs, append=append)
         with call.local():
-            meta, parts, layout = self._of_transform(sht)
-            expected = tuple(sht.block_shape)
-        self._write(call, name, block, expected, parts, meta, "coefficients", dims, coords, attrs, append, layout)
+            request.meta, request.parts, request.layout = self._of_transform(sht)
+            request.expected = tuple(sht.block_shape)
+        self._write(call, request, block)
 
     @collective
     def read_coefficients(self, name, sht):
@@ -307,12 +305,11 @@ class FieldStore:
         ``coords``, ``attrs``, ``append`` as in :meth:`write_tiles`.
         """
         call = Call(self._comm, f"FieldStore.write_points({name!r})")
-        meta = parts = expected = None
+        request = WriteRequest(name, "points", dims=dims, coords=coords, attrs=attrs, append=append)
         with call.local():
-            meta, parts = self._of_rings(tiles)
-            expected = (tiles.npoints,)
-        self._write(call, name, points, expected, parts, meta, "points", dims, coords, attrs, append, layout=None,
-                    rings=tiles.rings if isinstance(tiles, RingTiles) else None)
+            request.meta, request.parts = self._of_rings(tiles)
+            request.expected, request.rings = (tiles.npoints,), tiles.rings
+        self._write(call, request, points)
 
     @collective
     def read_points(self, name, tiles):
@@ -329,7 +326,7 @@ class FieldStore:
 
     def _of_rings(self, tiles):
         """``(meta, parts)`` of a ring grid's points: each rank's part is a set of rows of an ``(npoints, 1)`` plane."""
-        if not isinstance(tiles, RingTiles):
+        if not is_ring_tiles(tiles):
             raise InputError(f"tiles must be the RingTiles of the field's rings (or, for write_field and read_field, "
                              f"a grid.tiling(nlat, nlon)), got {type(tiles).__name__}",
                              TypeError)
@@ -345,73 +342,40 @@ class FieldStore:
 
     # --- the two directions ----------------------------------------------------------------------
 
-    def _check_part(self, part, expected, dims, coords, attrs, kind, name):
-        """This rank's findings about a write's arguments; returns ``(host array, dims, coords)``."""
-        if not isinstance(name, str) or not name or "/" in name or name.startswith(".") \
-                or name in ("lat", "lon", "l", "m"):
-            raise InputError(f"name must be a nonempty string without '/', not a coordinate's, got {name!r}",
-                             TypeError if not isinstance(name, str) else ValueError)
-        if not backend.is_array(part):
-            raise InputError(f"expected a NumPy or CuPy array, got {type(part).__name__}", TypeError)
-        problem = refusal(part.dtype, "moved")
-        if problem is not None:
-            raise InputError(problem, TypeError)
-        plane = len(expected)
-        if part.ndim < plane or tuple(part.shape[-plane:]) != tuple(expected):
-            raise InputError(f"expected this rank's {kind} (..., {', '.join(map(str, expected))}), got shape "
-                             f"{tuple(part.shape)}")
-        lead = tuple(part.shape[:-plane])
-        dims = tuple(f"{name}_dim{i}" for i in range(len(lead))) if dims is None else tuple(dims)
-        if len(dims) != len(lead) or not all(isinstance(d, str) and d for d in dims) or \
-                len(set(dims)) != len(dims) or set(dims) & set(_PLANE[kind]):
-            raise InputError(f"dims must name the {len(lead)} leading axes once each (not "
-                             f"{', '.join(_PLANE[kind])}), got {dims!r}")
-        shaped = {}
-        for dim, given in (coords or {}).items():
-            values, extra = given if isinstance(given, tuple) else (given, {})
-            values = numpy.asarray(values)
-            if dim not in dims or values.ndim != 1 or len(values) != lead[dims.index(dim)] or \
-                    values.dtype.kind not in "iuf":
-                raise InputError(f"coords[{dim!r}] must be numbers along a leading axis of {dims!r} "
-                                 f"({dict(zip(dims, lead))}), got {values.dtype} of shape {values.shape}")
-            shaped[dim] = (values, zarr_files.json_safe(dict(extra), f"the attributes of coords[{dim!r}]"))
-        zarr_files.json_safe(attrs or {}, "attrs")
-        host = part.get() if backend.is_device_array(part) else numpy.asarray(part)
-        return numpy.ascontiguousarray(host), dims, shaped
-
-    def _write(self, call, name, part, expected, parts, meta, kind, dims, coords, attrs, append, layout, rings=None):
+    def _write(self, call, request, part):
         """The steps of a write, after the caller's own checks (in ``call``): agree, create, move, write, finish."""
-        host, lead, shaped = None, None, {}
+        host = None
         if call.error is None:
             with call.local():
                 self._check_writable()
-                host, dims, shaped = self._check_part(part, expected, dims, coords, attrs, kind, name)
-                lead = tuple(host.shape[:host.ndim - len(expected)])
-                if append and not lead:
+                host, request.dims, request.shaped = check_write(request, part)
+                request.lead = tuple(host.shape[:host.ndim - len(request.expected)])
+                if request.append and not request.lead:
                     raise InputError("append=True extends the first leading axis; the field has none")
         # what every rank must hold alike, by value (attrs in any key order); the layout of coefficient blocks
         # decides which columns each rank's part holds
-        call.agree(write=name, meta=meta, layout=layout, lead=lead, dtype=None if host is None else host.dtype,
-                   dims=dims, coords={d: v[0] for d, v in shaped.items()}, attrs=attrs, append=append)
-        dtype = host.dtype
-        full_meta = {**meta, "grid_shape": [self.grid.npolar, self.grid.nazimuth], "complete": False}
-        lead_offset = call.root(lambda: self._prepare(name, kind, meta, full_meta, lead, dtype, dims, shaped, attrs,
-                                                      append, parts, rings), f"cannot create {name!r} in {self.path!r}")
-        flat = kind == "points"  # a 1-D plane: the plan's (rows, 1) regions are stored as (rows,)
+        name, parts, lead = request.name, request.parts, request.lead
+        call.agree(write=name, meta=request.meta, layout=request.layout, lead=lead,
+                   dtype=None if host is None else host.dtype, dims=request.dims,
+                   coords={d: v[0] for d, v in request.shaped.items()}, attrs=request.attrs, append=request.append)
+        request.dtype = host.dtype
+        lead_offset = call.root(lambda: prepare(self.path, self.grid, request), f"cannot create {name!r} in "
+                                f"{self.path!r}")
+        flat = request.kind == "points"  # a 1-D plane: the plan's (rows, 1) regions are stored as (rows,)
         exchange = None
         with call.local(f"cannot write {name!r} to {self.path!r}"):  # every buffer allocated before the data moves
             array = zarr_files.open_array(self.path, name)
             plan = ChunkPlan(parts, lead, int(array.chunks[-1 if flat else -2]), lead_offset)
-            exchange = _Exchange(plan, self.grid.rank, dtype, to_owners=True)
+            exchange = OwnerExchange(plan, self.grid.rank, host.dtype, to_owners=True)
         call.agree()
         regions = exchange.to_owners(self._comm, host.reshape((math.prod(lead),) + parts.shape(self.grid.rank)))
         with call.local(f"cannot write {name!r} to {self.path!r}"):
             mine = plan.regions(self.grid.rank)
             for region, data in zip(mine, regions):
-                array[_stored(plan.selection(region), flat)] = data[:, 0] if flat else data
+                array[stored_selection(plan.selection(region), flat)] = data[:, 0] if flat else data
             if self.durable:
                 zarr_files.sync_files([f for _, f in zarr_files.chunk_files(
-                    self.path, name, array, [_stored(plan.selection(r), flat) for r in mine])])
+                    self.path, name, array, [stored_selection(plan.selection(r), flat) for r in mine])])
         call.agree()
 
         def finish():
@@ -420,87 +384,6 @@ class FieldStore:
             zarr_files.consolidate(self.path)
             self._sync_metadata()
         call.root(finish, f"cannot finish {name!r} in {self.path!r}")
-
-    def _prepare(self, name, kind, meta, full_meta, lead, dtype, dims, coords, attrs, append, parts, rings=None):
-        """Rank 0: the coordinates and the variable's metadata; returns the first leading index to write."""
-        group = zarr_files.open_group(self.path, "r+")
-        self._write_plane_coordinates(group, kind, meta, rings)
-        plane = _PLANE[kind]
-        flat = kind == "points"
-        shape = lead + ((parts.n0,) if flat else (parts.n0, parts.n1))
-        exists = name in group and "mpisphere" in group[name].attrs
-        if append and exists:
-            array = group[name]
-            old = dict(array.attrs["mpisphere"])
-            old_meta = {k: old.get(k) for k in meta}
-            if old_meta != meta or tuple(array.shape[1:]) != shape[1:] or numpy.dtype(array.dtype) != dtype \
-                    or tuple(array.metadata.dimension_names) != dims + plane:
-                raise InputError(f"cannot append: {name!r} holds {tuple(array.shape)} {array.dtype} "
-                                 f"{array.metadata.dimension_names} {old_meta}, the new part is "
-                                 f"{shape} {dtype} {dims + plane} {meta}")
-            if not old.get("complete"):
-                raise InputError(f"cannot append to {name!r}: an earlier write did not finish")
-            offset = int(array.shape[0])
-            array.attrs["mpisphere"] = {**old, "complete": False}
-            array.resize((offset + shape[0],) + shape[1:])
-        else:
-            offset = 0
-            rows = band_rows(parts.n0, parts.n1, dtype.itemsize, math.prod(lead), self.grid.size)
-            chunks = (1,) * len(lead) + ((rows,) if flat else (rows, parts.n1))
-            cf = {"coordinates": "lat lon"} if flat else {}  # the points' latitude and longitude (CF)
-            zarr_files.create_array(group, name, shape, chunks, dtype, dims + plane,
-                                    {**(attrs or {}), **cf, "mpisphere": full_meta})
-        for dim, (values, extra) in coords.items():
-            self._write_lead_coordinate(group, dim, values, extra, offset if dims.index(dim) == 0 else 0,
-                                        append and exists and dims.index(dim) == 0)
-        return offset
-
-    @staticmethod
-    def _write_lead_coordinate(group, dim, values, extra, offset, extend):
-        if dim in group and extend:
-            array = group[dim]
-            array.resize((offset + len(values),))
-            array[offset:] = values
-            return
-        if dim in group and not extend:
-            old = numpy.asarray(group[dim][...])
-            if old.shape == values.shape and numpy.array_equal(old, values):
-                return
-        zarr_files.create_array(group, dim, values.shape, (max(1, len(values)),), values.dtype, (dim,), extra)
-        group[dim][...] = values
-
-    def _write_plane_coordinates(self, group, kind, meta, rings=None):
-        if kind == "points":
-            values = {"lat": (90.0 - numpy.degrees(rings.colatitudes), {
-                          "units": "degrees_north", "standard_name": "latitude", "long_name": "latitude",
-                          "grid": rings.name}),
-                      "lon": (numpy.degrees(rings.longitudes), {
-                          "units": "degrees_east", "standard_name": "longitude", "long_name": "longitude"})}
-            dimension = {"lat": ("point",), "lon": ("point",)}
-        elif kind == "tiles":
-            theta, _ = latitudes(meta["nlat"], meta["quadrature"])
-            values = {"lat": (90.0 - numpy.degrees(theta), {
-                          "units": "degrees_north", "standard_name": "latitude", "long_name": "latitude",
-                          "axis": "Y", "quadrature": meta["quadrature"]}),
-                      "lon": (360.0 * numpy.arange(meta["nlon"]) / meta["nlon"], {
-                          "units": "degrees_east", "standard_name": "longitude", "long_name": "longitude",
-                          "axis": "X"})}
-        else:
-            values = {"l": (numpy.arange(meta["lmax"]), {"long_name": "spherical harmonic degree"}),
-                      "m": (numpy.arange(meta["mmax"]), {"long_name": "spherical harmonic order"})}
-        if kind != "points":
-            dimension = {dim: (dim,) for dim in values}
-        for dim, (v, extra) in values.items():
-            if dim in group:
-                old = numpy.asarray(group[dim][...])
-                if old.shape != v.shape or not numpy.allclose(old, v, rtol=0, atol=1e-12):
-                    rule_of = group[dim].attrs.get("quadrature", "")
-                    raise InputError(f"the store's {dim!r} has {old.size} points{' of ' + rule_of if rule_of else ''}"
-                                     f", this {kind} {v.size}{' of ' + meta['quadrature'] if kind == 'tiles' else ''}"
-                                     ": one store holds one grid; write this one to another store")
-                continue
-            zarr_files.create_array(group, dim, v.shape, v.shape, v.dtype, dimension[dim], extra)
-            group[dim][...] = v
 
     def _read(self, call, name, parts, expect):
         """The steps of a read, after the agreement on what to read: open and check, read chunks, move."""
@@ -530,15 +413,15 @@ class FieldStore:
         regions = part = exchange = None
         with call.local(f"cannot read {name!r} from {self.path!r}"):  # buffers allocated before the data moves
             mine = plan.regions(self.grid.rank)
-            missing = zarr_files.missing_chunks(self.path, name, array, [_stored(plan.selection(r), flat)
+            missing = zarr_files.missing_chunks(self.path, name, array, [stored_selection(plan.selection(r), flat)
                                                                          for r in mine])
             if missing:
                 raise InputError(f"{len(missing)} chunk file(s) of {name!r} are missing (a truncated or damaged "
                                  f"store): {', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}")
-            regions = [numpy.ascontiguousarray(array[_stored(plan.selection(r), flat)]).reshape(plan.region_shape(r))
-                       for r in mine]
+            regions = [numpy.ascontiguousarray(array[stored_selection(plan.selection(r), flat)])
+                       .reshape(plan.region_shape(r)) for r in mine]
             part = numpy.empty((math.prod(lead),) + parts.shape(self.grid.rank), dtype)
-            exchange = _Exchange(plan, self.grid.rank, dtype, to_owners=False)
+            exchange = OwnerExchange(plan, self.grid.rank, dtype, to_owners=False)
         call.agree()
         exchange.from_owners(self._comm, regions, part)
         return part.reshape(lead + (part.shape[1:2] if flat else part.shape[1:]))
@@ -547,45 +430,3 @@ class FieldStore:
         return f"FieldStore({self.path!r}, {self.grid!r}, mode={self.mode!r})"
 
 
-class _Exchange:
-    """The buffers of one all-to-all between the ranks' parts and the chunks' owners, allocated up front.
-
-    Made inside the call's local step, so that a rank that cannot allocate
-    them raises with the others before any rank enters the all-to-all.
-    """
-
-    def __init__(self, plan, rank, dtype, to_owners):
-        self.plan, self.rank = plan, rank
-        parts_side, owners_side = plan.counts_to_owners(rank), plan.counts_from_parts(rank)
-        self.send_counts, self.recv_counts = (parts_side, owners_side) if to_owners else (owners_side, parts_side)
-        self.send = numpy.empty(sum(self.send_counts), dtype)
-        self.recv = numpy.empty(sum(self.recv_counts), dtype)
-        self.regions = [numpy.empty(plan.region_shape(r), dtype) for r in plan.regions(rank)] if to_owners else None
-
-    def _alltoallv(self, comm):
-        collectives.alltoallv(comm, self.send, self.send_counts, _displacements(self.send_counts), self.recv,
-                              self.recv_counts, _displacements(self.recv_counts))
-
-    def to_owners(self, comm, part):
-        """The owners' regions, assembled from every rank's ``part`` (``(lead_size, rows, cols)``)."""
-        self.plan.pack_parts(self.rank, part, self.send)
-        self._alltoallv(comm)
-        self.plan.copy_own(self.rank, part, self.regions)
-        self.plan.unpack_regions(self.rank, self.recv, self.regions)
-        return self.regions
-
-    def from_owners(self, comm, regions, part):
-        """Every rank's ``part``, from the owners' ``regions``."""
-        self.plan.pack_regions(self.rank, regions, self.send)
-        self.plan.copy_own(self.rank, part, regions, to_regions=False)
-        self._alltoallv(comm)
-        self.plan.unpack_parts(self.rank, self.recv, part)
-
-
-def _stored(selection, flat):
-    """A plan's selection ``(lead..., rows, columns)`` in the stored array (points: no column axis)."""
-    return selection[:-1] if flat else selection
-
-
-def _displacements(counts):
-    return numpy.concatenate([[0], numpy.cumsum(counts)[:-1]]).astype(numpy.int64) if counts else []
