@@ -105,7 +105,7 @@ def sub_grids(comm):
 
 def message_sizes(monkeypatch):
     """A list that fills with the size in bytes of every message a neighbour round (a halo's) sends from now on."""
-    from mpisphere.agreement import NeighbourRound
+    from mpisphere.halo.round import NeighbourRound
     sizes = []
     post = NeighbourRound._post
 

@@ -249,7 +249,7 @@ def test_each_legendre_strategy_lives_in_its_own_record():
 
 # where an agreement may be written out: the agreement itself, the operators' protocol (LinearOperator._apply) and
 # the halo's agreement with its neighbours (its _agreement override)
-AGREEMENT_HOMES = {"agreement", "agreement.collective", "agreement.call", "agreement.neighbours", "agreement.stall",
+AGREEMENT_HOMES = {"agreement", "agreement.collective", "agreement.call", "halo.round", "agreement.stall",
                    "operators.base", "halo.exchange"}
 HAND_WRITTEN = {"agree", "settle"}
 
@@ -298,10 +298,10 @@ def unmarked_collective_methods(path):
 # transpose in flight (agreed when it was started; wait() and test() complete it), and the halo's two links and
 # node memory (parts of an exchange's call, or of its allocation through HaloExchange.zeros), and the failure notes
 # (point-to-point notes sent and read inside the calls whose end they raise at)
-AGREED_ELSEWHERE = {"agreement.call", "agreement.neighbours", "agreement.stall", "agreement.failures",
+AGREED_ELSEWHERE = {"agreement.call", "halo.round", "agreement.stall", "agreement.failures",
                     "transpose.Exchange", "attention.gather.NeighbourGather",
                     "halo.absent", "halo.plan.MessagePlan", "halo.planned.PlannedCall", "halo.shared.NodeMemory",
-                    "halo.shared.SharedLink"}
+                    "halo.shared_link.SharedLink", "halo.message_link.MessageLink", "halo.links"}
 
 
 def test_every_collective_call_runs_the_one_protocol():

@@ -262,7 +262,7 @@ def test_corners_on_a_3x2_grid(comm):
 
 def test_a_zero_width_moves_headers_only(grid, rng, monkeypatch):
     """Every call sends one message to each direct neighbour in each phase; data only where a width is not 0."""
-    from mpisphere.agreement import HEADER_BYTES
+    from mpisphere.halo.round import HEADER_BYTES
     sizes = message_sizes(monkeypatch)
     ring = 2 if grid.nazimuth > 1 else 0   # a one-rank ring wraps locally
     polar = (grid.polar_rank > 0) + (grid.polar_rank < grid.npolar - 1)

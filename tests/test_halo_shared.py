@@ -10,7 +10,7 @@ import numpy
 import pytest
 
 from mpisphere import config
-from mpisphere.agreement import HEADER_BYTES
+from mpisphere.halo.round import HEADER_BYTES
 from mpisphere.halo import HaloExchange
 
 from helpers import await_failure_note, message_sizes, raises, random_array, rank_rng
@@ -145,7 +145,7 @@ def test_shared_tiles_send_headers_alone(grid, monkeypatch):
 def test_the_message_path_sets_up_its_sends_once(grid, monkeypatch):
     """One persistent send per neighbour, direction and epoch (the wire tag's offset, which follows the count of
     agreements on the grid) for every call of a shape; new ones after free()."""
-    from mpisphere.agreement.neighbours import EPOCH_TAGS
+    from mpisphere.halo.round import EPOCH_TAGS
     from mpisphere import collectives
     made = []
     send_init = collectives.send_init_bytes

@@ -24,12 +24,11 @@ Four strategies
       then every rank raises the same error, whose first line names what
       differs (``nlat: ranks 0-2 64, rank 3 65``) or the call each rank is
       in, then the fix, then each rank's description.
-    * ``NeighbourRound``, with the neighbours of a grid, for halo
-      exchanges: the record travels in front of the data (a header of eight
-      integers before every data message, which announces the data's size),
-      so agreeing costs no extra round trip; a rank that finds a mismatch
-      still sends and drains every message of the call, and tells the others
-      in its next headers.
+    * with the neighbours of a grid, for halo exchanges: the record travels
+      in front of the data (a header before every message), so agreeing costs
+      no extra round trip (``mpisphere.halo.round.NeighbourRound``, which
+      lives with the halo, its one user, and builds on this package's digest,
+      stall watch and failure notes).
     * :func:`~mpisphere.agree_construction`, once, when an object whose parameters
       decide who talks to whom (a halo's widths and poles, the points of an
       interpolation, a model's time step) is built: collective over the
@@ -60,14 +59,13 @@ Only :mod:`mpisphere.collectives` is used to talk to MPI. The package's
 modules: :mod:`.spec`, :mod:`.description`, :mod:`.differing` (what
 differs between the ranks' descriptions, named field by field), :mod:`.stall`,
 :mod:`.collective` (over a communicator), :mod:`mpisphere.agreement.call` (the protocol),
-:mod:`.neighbours` (with the neighbours), :mod:`.guard` (threads).
+:mod:`.failures` (notes of a failure near a mistake), :mod:`.guard` (threads).
 """
 
 from .call import Call, canonical, collective, finding
 from .collective import agree, agree_construction, as_exception, cause_first, raise_everywhere, settle
 from .description import Described, call_description, describe_value, description_of, digest
 from .guard import REFUSED, CallGuard, guarded
-from .neighbours import HEADER_BYTES, NeighbourRound, header_words, message_buffer
 from .spec import Context, InputError, Spec
 
 __all__ = [
@@ -87,10 +85,6 @@ __all__ = [
     "canonical",
     "collective",
     "finding",
-    "NeighbourRound",
-    "message_buffer",
-    "header_words",
-    "HEADER_BYTES",
     "CallGuard",
     "REFUSED",
     "guarded",

@@ -1,13 +1,13 @@
 """Answering the halo calls that neighbours make while this rank waits in an agreement over the grid.
 
 A halo call agrees with the neighbours only, in the headers of its messages
-(``agreement.NeighbourRound``). A rank that makes another
+(``halo.round.NeighbourRound``). A rank that makes another
 call instead, one that begins with an agreement over the whole grid
 (``grid.free()``, a transform, a gather), would leave its neighbours waiting
 for its messages while it waits for theirs in the agreement. So while a rank
 waits in such an agreement, it looks for halo messages addressed to it; the
 ones that come from a rank that has not made this agreement are a call it
-never makes (their tags say so: ``agreement.neighbours.epoch_of``).
+never makes (their tags say so: ``halo.round.epoch_of``).
 It then answers that neighbour as any rank of the round does: one header for
 every message the neighbour expects of it, saying that it makes another call
 (its digest), no data; it drops what the neighbour sent, acknowledges what the
@@ -20,8 +20,8 @@ matched, so nothing is left for a later call.
 """
 
 from .. import collectives
-from ..agreement import InputError, NeighbourRound
-from ..agreement.neighbours import DETAILS_TAG, epoch_of
+from ..agreement import InputError
+from .round import DETAILS_TAG, NeighbourRound, epoch_of
 from ..agreement.stall import call_site
 from ..waiting import WaitLoop
 from .pattern import FROM, RECORD

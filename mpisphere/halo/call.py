@@ -1,8 +1,8 @@
-"""One halo call: the neighbours' round opened for it, its phases run over the two links, one error where it fails.
+"""One halo call: the neighbours' round opened for it, its phases run over the links, one error where it fails.
 
 ``HaloCall`` holds what an exchange built once (its pattern, its
-boundary past the poles, the message plans and the shared-memory link) and
-runs a call from them:
+boundary past the poles, the message plans and the links) and runs a call
+from them:
 
 * **the round** (``NeighbourRound``): each message carries a header in
   front of its data (this rank's verdict on its own input, a digest of the
@@ -16,38 +16,27 @@ runs a call from them:
   their next call.
 * **the phases**: columns of the interior rows along the azimuth ring, then
   full padded-width rows along the polar axis (the corners ride along), or
-  the reverse for the adjoint. Each block goes one of two ways, chosen by
-  its sender, message by message:
-
-  - *shared memory*: the sender's padded tile comes from
-    ``HaloExchange.zeros`` or ``empty`` (a window shared by the ranks of the
-    node, :mod:`.shared`) and the receiver is on the same node. The header
-    goes alone; the receiver copies the block from the sender's memory into
-    its halo, or adds it onto its own cells (rows straight from the sender's
-    tile, the thin column blocks from where the sender packed them behind
-    its tile), and acknowledges; the sender leaves the call once its blocks
-    are acknowledged. No MPI transfer, no message buffers.
-  - *messages* (plain arrays, device arrays, neighbours on other nodes,
-    ``config.shared_memory = False``): the block is packed into a buffer a
-    per-shape plan holds (:mod:`.plan`; NumPy packing beats MPI subarray
-    datatypes on these thin blocks, measured with MPICH: 0.43 against 0.88
-    ms for the two column messages of a (32, 361, 360) tile) and sent behind
-    the header by a persistent send.
-
-  The receiver reads the header first either way, so the two kinds mix in
-  one call with the same agreement, and the results are bitwise the same:
-  the same values are copied, and the same sums made in the same order.
+  the reverse for the adjoint. Each block goes over the first of the
+  exchange's links (:mod:`.links`) that carries it, chosen by its sender
+  block by block: left in shared memory on the node (:mod:`.shared_link`)
+  or sent as a message (:mod:`.message_link`). The receiver reads the
+  header first either way and takes the block from the link it names, so
+  the links mix in one call with the same agreement, and the results are
+  bitwise the same: the same values are copied, and the same sums made in
+  the same order.
 """
 
 import numpy
 
 from .. import backend
-from ..agreement import NeighbourRound, Spec, call_description, cause_first, digest
+from ..agreement import Spec, call_description, cause_first, digest
 from ..agreement.collective import printed_once
 from ..operators import FORWARD
 from ..settings import config
 from .pattern import FROM, RECORD, TO_EAST, TO_WEST
-from .plan import MessagePlan, add_runs
+from .plan import MessagePlan
+from .round import NeighbourRound
+from .shared_link import SharedLink
 from .planned import PlannedCall
 
 __all__ = ["HaloCall"]
@@ -66,16 +55,17 @@ class HaloCall:
     rows, cols : int
     extents : (int, int) or None
     workspace : mpisphere.backend.Workspace
-    link : SharedLink
+    links : Links
+        The exchange's links (:mod:`.links`), in the order a sender tries them.
     describe : callable
         The exchange's description (its constructor arguments), for calls made inside a composition.
     name : str
     """
 
-    def __init__(self, grid, pattern, boundary, rows, cols, extents, workspace, link, describe, name):
+    def __init__(self, grid, pattern, boundary, rows, cols, extents, workspace, links, describe, name):
         self.grid, self.pattern, self.boundary = grid, pattern, boundary
         self.rows, self.cols, self.extents = rows, cols, extents
-        self.workspace, self.link, self.describe, self.name = workspace, link, describe, name
+        self.workspace, self.links, self.describe, self.name = workspace, links, describe, name
         self.plans = backend.BoundedCache(4, drop=MessagePlan.free)
         self._codes = backend.BoundedCache(8)  # description -> its digest (the header's word 2)
         self.planned = {}  # (direction, id of the array) -> its PlannedCalls (one per shared_memory setting)
@@ -203,7 +193,7 @@ class HaloCall:
             round_.collect([(rank, tag + RECORD) for tag, rank in self.pattern.receives.items()], records=True)
             if round_.poisoned:
                 finish()
-        sender = self.link.sender(self.grid.node_memory, P, config.shared_memory)
+        sender = SharedLink.sender(self.grid.node_memory, P, config.shared_memory)
         self.steps(P, tile, gather, round_, finish, plan, sender, context)
         if not gather and not in_place:
             out[...] = P[..., r:r + h, c:c + w]
@@ -294,38 +284,28 @@ class HaloCall:
         return self.plans.get(key, lambda: MessagePlan(P, self.pattern, h, w, self.grid.cart)).claim(P)
 
     def phase(self, P, moves, gather, round_, plan, sender):
-        """Send this phase's blocks (or leave them in shared memory), then fill or add what arrives.
+        """Send this phase's blocks, each over the first link that carries it, then take what arrives from the link
+        its header names.
 
         Returns False when the round is poisoned (the caller stops and finishes).
         """
         sends, receives = self.pattern.sends, self.pattern.receives
-        memory = self.grid.node_memory
         incoming = []
         for move in moves:
             dest = sends.get(move.tag)
             if dest is not None and not round_.has_sent(dest, move.tag):
-                message, buf = plan.outgoing[move.tag]
-                if sender is not None and buf is not None and not round_.poisoned and memory.on_node(dest):
-                    round_.send(dest, move.tag, None, shared=(buf.nbytes, self.link.leave(P, move, sender, buf)))
-                else:
-                    if buf is not None and not round_.poisoned:
-                        plan.pack(move.tag, move.send)
-                    round_.send(dest, move.tag, message, request=plan.request(move.tag, dest, round_.epoch))
+                link = self.links.sending(self, dest, plan.outgoing[move.tag][1], sender, round_.poisoned)
+                link.send(self, round_, plan, P, move, dest, sender)
             source = receives.get(move.tag)
             if source is not None:
-                incoming.append(((source, move.tag), move.recv, plan.incoming[move.tag][1]))
-        arrived = round_.collect([key for key, _, _ in incoming])
+                incoming.append(((source, move.tag), move.recv))
+        arrived = round_.collect([key for key, _ in incoming])
         if round_.poisoned:
             return False
-        for key, region, buf in incoming:
+        for key, region in incoming:
             where = round_.shared.get(key)
-            if where is not None:
-                self.link.read(memory, P, key, where, region, gather, round_, sender)
-            elif key in arrived:
-                if gather:
-                    plan.unpack(key[1], region)
-                else:
-                    add_runs(P, buf, region, self.workspace)
+            if where is not None or key in arrived:
+                self.links.receiving(where).receive(self, round_, plan, P, key, region, gather, sender, where)
         return not round_.poisoned
 
     def free(self):

@@ -62,7 +62,10 @@ from .absent import answer_skipped_calls
 from .call import HaloCall
 from .pattern import HaloPattern
 from .poles import AcrossPoles, ZeroPoles
-from .shared import SharedLink, allocate_padded
+from .links import Links
+from .message_link import MessageLink
+from .shared import allocate_padded
+from .shared_link import SharedLink
 
 __all__ = ["HaloExchange"]
 
@@ -186,7 +189,8 @@ class HaloExchange(LinearOperator):
         self._workspace = backend.Workspace()
         self._checked = backend.BoundedCache(8)  # (direction, in place, input spec) -> (output spec, description)
         self._call = HaloCall(grid, self.pattern, self.boundary, self.rows, self.cols, self.extents, self._workspace,
-                              SharedLink(self.pattern, self.rows, self.cols, self._workspace), self._describe,
+                              Links([SharedLink(self.pattern, self.rows, self.cols, self._workspace), MessageLink()]),
+                              self._describe,
                               self.name)
 
     @property

@@ -23,7 +23,7 @@ import math
 import numpy
 
 from .. import backend, collectives
-from ..agreement import message_buffer
+from .round import message_buffer
 
 __all__ = ["MessagePlan", "copy_runs", "add_runs", "adder", "copier", "packer", "unpacker", "zeroer",
            "between_adder"]
@@ -87,7 +87,7 @@ class MessagePlan:
 
     def request(self, tag, dest, epoch=0):
         """The persistent send of ``outgoing[tag]`` to ``dest`` with the wire tag ``tag + epoch`` (the round's
-        ``agreement.neighbours.epoch_of``; host buffers only, ``None`` otherwise)."""
+        ``halo.round.epoch_of``; host buffers only, ``None`` otherwise)."""
         message = self.outgoing[tag][0]
         if message is None or not self._host:
             return None

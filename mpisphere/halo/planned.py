@@ -35,17 +35,14 @@ neighbour cannot tell which path a rank took, and what the round guarantees
 behind, a rank's failure is noted for the grid) holds for both.
 """
 
-import functools
-
 import numpy
 
 from .. import collectives
-from ..agreement import HEADER_BYTES, header_words
-from ..agreement.neighbours import EPOCH_TAGS, current_epoch
+from .round import EPOCH_TAGS, HEADER_BYTES, current_epoch
 from ..agreement.stall import Watch
 from ..operators import FORWARD
 from ..settings import config
-from .plan import adder, packer, unpacker, zeroer
+from .plan import zeroer
 
 __all__ = ["PlannedCall"]
 
@@ -101,17 +98,25 @@ class PlannedCall:
         self.published = []      # (dest, tag) of the blocks left in shared memory
         self.complete = True     # False: a block could not be planned; the call is left to the full round
         self.before = pattern.wrap_steps(P, h, w) if gather else ()
+        self.workspace = call.workspace
+        sender = (record, 0) if leaves else None  # blocks are left in the window only when the call that planned did
         for index, moves in enumerate(pattern.phases(h, w, gather)):
             sends, keys, after = [], [], []
             for move in moves:
                 dest = pattern.sends.get(move.tag)
                 if dest is not None:
-                    sends.append(self._send(P, move, dest, code, leaves and memory.on_node(dest)))
+                    link = call.links.sending(call, dest, self.plan.outgoing[move.tag][1], sender, False)
+                    sends.append(link.send_steps(self, P, move, dest, code))
                 source = pattern.receives.get(move.tag)
                 if source is not None:
-                    key = (source, move.tag)
+                    key, where = (source, move.tag), arrived.get((source, move.tag))
                     keys.append(key)
-                    after += self._receive(P, move, key, code, tiles[source], arrived.get(key), gather)
+                    steps = call.links.receiving(where).receive_steps(self, P, move, key, code, tiles[source],
+                                                                      where, gather)
+                    if steps is None:  # a block that cannot be planned: the call is left to the full round
+                        self.complete = False
+                        steps = []
+                    after += steps
             if not gather and index == 0:  # the one-rank ring's halo columns go home between the phases
                 after += pattern.unwrap_steps(P, h, w)
             self.phases.append((tuple(sends), tuple(keys), tuple(after)))
@@ -119,61 +124,21 @@ class PlannedCall:
         self.end = tuple(zeroer(P, block) for block in blocks)
         self.keys = tuple(key for _, keys, _ in self.phases for key in keys)
 
-    def _send(self, P, move, dest, code, shared):
-        """``(steps, header view, header bytes, requests, dest, tag, message, call word or None)`` of one block;
-        ``requests``: its persistent sends with the tags of the two epochs (both made here: a replay then makes
-        none, whatever the count of agreements before it)."""
-        message, data = self.plan.outgoing[move.tag]
-        if shared and data is not None:  # left in this rank's window: the header alone says where
-            record, offset, steps = self.record, -1, ()
-            staged = record.staging.get(move.tag)
-            if staged is not None and staged[1].shape == data.shape:  # a thin block: packed behind the tile
-                steps, offset = (packer(P, move.send, staged[1]),), staged[0]
-            steps += (functools.partial(collectives.window_sync, record.window),)  # the writes before the header
-            words = header_words(code, self.tile, self.order, 0, data.nbytes, (record.serial, 0, offset))
-            self.published.append((dest, move.tag))
-            message, requests = self._own_header(dest, move.tag)
-            return (steps, memoryview(message)[:HEADER_BYTES], words.tobytes(), requests, dest,
-                    move.tag, message, message.view(numpy.int64))
-        if data is None:  # a zero-width block: the header alone
-            (message, requests), steps = self._own_header(dest, move.tag), ()
-        else:
-            requests = tuple(self.plan.request(move.tag, dest, epoch) for epoch in (0, EPOCH_TAGS))
-            steps = (packer(P, move.send, data),)
-        words = header_words(code, self.tile, self.order, 0, message.size - HEADER_BYTES)
-        return steps, memoryview(message)[:HEADER_BYTES], words.tobytes(), requests, dest, move.tag, message, None
-
-    def _own_header(self, dest, tag):
-        """A header that goes alone, and its persistent sends (one per epoch)."""
+    def own_header(self, dest, tag):
+        """A header that goes alone (a link's block left elsewhere, or of zero width), and its persistent sends
+        (one per epoch, both made here)."""
         message = numpy.zeros(HEADER_BYTES, numpy.uint8)
         requests = tuple(collectives.send_init_bytes(self.comm, message, dest, tag + epoch)
                          for epoch in (0, EPOCH_TAGS))
         self._own_requests += requests
         return message, requests
 
-    def _receive(self, P, move, key, code, tile, where, gather):
-        """Plan how the block of ``key`` arrives; returns the steps that use it once the phase's blocks are in."""
-        message, data = self.plan.incoming[move.tag]
-        if where is not None:  # left in the neighbour's window: read there, then acknowledged
-            (serial, _, offset), _ = where
-            landing = numpy.zeros(HEADER_BYTES, numpy.uint8)
-            words = header_words(code, tile, self.order, 0, data.nbytes, (serial, 0, offset))
-            self.expect[key] = (landing, memoryview(landing), words.tobytes(), landing.view(numpy.int64))
-            steps = self.call.link.reader(self.memory, P, key, where, move.recv, gather)
-            if steps is None:  # out of reach (not after a call that read it): not planned, the full round decides
-                self.complete = False
-                return []
-            self.arrived[key] = where
-            return [functools.partial(self.memory.read_barrier, serial), *steps,
-                    functools.partial(self._acknowledge, key)]
-        landing = numpy.zeros(HEADER_BYTES, numpy.uint8) if message is None else message
-        words = header_words(code, tile, self.order, 0, landing.size - HEADER_BYTES)
-        self.expect[key] = (landing, memoryview(landing)[:HEADER_BYTES], words.tobytes(), None)
-        if data is None:
-            return []
-        return [unpacker(P, move.recv, data)] if gather else list(adder(P, data, move.recv, self.call.workspace))
+    def expect_header(self, key, landing, head, words, stamp):
+        """The header a replay expects for ``key``: received into ``landing`` (its first bytes ``head``), compared
+        with ``words``; ``stamp``: its int64 words when the neighbour's call number is to be read from it."""
+        self.expect[key] = (landing, head, words, stamp)
 
-    def _acknowledge(self, key):
+    def acknowledge(self, key):
         """Tell the neighbour of ``key`` that its block of this call has been read."""
         (serial, call, offset), _ = self.arrived[key]
         self.memory.acknowledge(key[0], key[1], call)

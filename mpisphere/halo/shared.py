@@ -1,4 +1,4 @@
-"""The halo's shared-memory link: tiles shared on the node (MPI-3 windows), blocks read there, their acknowledgements.
+"""Tiles shared on the node (MPI-3 windows) for the halo's shared link: their allocation, views, acknowledgements.
 
 A grid's ``NodeMemory`` is made by the first allocation from a halo
 (:meth:`~mpisphere.HaloExchange.zeros`, collective over ``grid.cart``) and
@@ -37,9 +37,8 @@ from ..agreement import Call
 from ..agreement.stall import Watch
 from ..validation import check_int
 from .pattern import TAGS, TO_EAST, TO_WEST
-from .plan import adder, between_adder, copier, copy_runs, unpacker
 
-__all__ = ["NodeMemory", "SharedArray", "SharedLink"]
+__all__ = ["NodeMemory", "SharedArray", "allocate_padded"]
 
 _SLOT = 64  # bytes: one cache line per acknowledgement counter (no false sharing between writers)
 _TAG_SLOTS = {tag: slot for slot, tag in enumerate(TAGS)}  # message tag -> counter
@@ -196,103 +195,6 @@ class NodeMemory:
         collectives.free_window(self.control)
         collectives.free_comm(self.node)
         self.records, self._by_id, self._their_acks = [], {}, {}
-
-
-class SharedLink:
-    """The shared-memory link of a halo: blocks left in the sender's window and read there by the receiver.
-
-    Parameters
-    ----------
-    pattern : HaloPattern
-        What the call moves (the blocks' regions).
-    rows, cols : int
-        The halo's widths.
-    workspace : Workspace
-        The halo's scratch (the sums of the adjoint).
-
-    Notes
-    -----
-    One per halo operator; the grid's :class:`NodeMemory` is asked at each
-    call (it is made by the first shared allocation and freed with the
-    grid).
-    """
-
-    def __init__(self, pattern, rows, cols, workspace):
-        self.pattern, self.rows, self.cols, self.workspace = pattern, rows, cols, workspace
-
-    @staticmethod
-    def sender(memory, P, enabled):
-        """``(allocation, call number)`` when ``P`` lies in shared memory and may be read there, else None."""
-        if memory is None or not enabled:
-            return None
-        record = memory.find(P)
-        if record is None:
-            return None
-        return record, memory.publish(record)
-
-    @staticmethod
-    def leave(P, move, sender, buf):
-        """Leave ``move``'s block in shared memory for its reader: ``(allocation, call, byte offset)``.
-
-        A thin block (the columns: runs of a few elements) is packed behind
-        the tile, where the reader reads it contiguously (offset >= 0);
-        reading such runs straight from another core's tile was measured
-        slower than packing them here. Rows are read straight from the tile
-        (offset -1).
-        """
-        record, sequence = sender
-        offset = -1
-        staged = record.staging.get(move.tag)
-        if staged is not None and staged[1].shape == buf.shape:
-            copy_runs(staged[1], P, move.send)
-            offset = staged[0]
-        collectives.window_sync(record.window)  # this rank's writes (tile, first phase, packing) before the header
-        return record.serial, sequence, offset
-
-    def read(self, memory, P, key, where, region, gather, round_, sender):
-        """Copy (or add) a neighbour's block straight from its shared memory, then acknowledge it."""
-        source, tag = key
-        serial, _, offset = where[0]
-        if sender is None:
-            steps = self.reader(memory, P, key, where, region, gather)
-        else:  # both in shared memory: the copy is planned once per pair of arrays
-            planned = sender[0].copies
-            rows, cols = region
-            at = (key, serial, offset, where[1], gather, rows.start, rows.stop, cols.start, cols.stop)
-            steps = planned.get(at)
-            if steps is None:
-                steps = planned[at] = self.reader(memory, P, key, where, region, gather)
-        if steps is None:
-            round_.fail(key, f"left its data in shared memory (allocation {serial}) that this rank cannot see")
-        else:
-            memory.read_barrier(serial)
-            for step in steps:
-                step()
-        round_.acknowledge(key)
-
-    def reader(self, memory, P, key, where, region, gather):
-        """The steps that fill (or add onto) ``P[region]`` from the block a neighbour left in shared memory.
-
-        ``key``: ``(its rank, tag)``; ``where``: ``((allocation, call, byte
-        offset), its tile)`` from its header. Functions of no arguments,
-        planned once (a planned call keeps them); ``None`` when this rank
-        cannot see that memory.
-        """
-        source, tag = key
-        (serial, _, offset), (h, w) = where
-        if offset >= 0:  # packed by its owner
-            rows, cols = region
-            theirs = memory.view(serial, source, P.shape[:-2] + (rows.stop - rows.start, cols.stop - cols.start),
-                                 P.dtype, offset)
-        else:
-            theirs = memory.view(serial, source, P.shape[:-2] + (h + 2 * self.rows, w + 2 * self.cols), P.dtype)
-        if theirs is None:
-            return None
-        if offset >= 0:
-            return (unpacker(P, region, theirs),) if gather else adder(P, theirs, region, self.workspace, keep=True)
-        block = self.pattern.send_region(tag, h, w, gather)
-        return (copier(P, region, theirs, block),) if gather else \
-            between_adder(P, region, theirs, block, self.workspace)
 
 
 def allocate_padded(grid, pattern, tile, who, lead, dtype, fill):

@@ -1,12 +1,16 @@
-"""The agreement with a grid's neighbours: headers that travel in front of the data (``NeighbourRound``)."""
+"""A halo call's agreement with the grid neighbours: headers that travel in front of the data (``NeighbourRound``).
+
+Only the halo agrees this way (:mod:`.call`, :mod:`.planned`, :mod:`.absent`):
+the round lives with it, built on the agreement's digest and stall watch.
+"""
 
 import math
 
 import numpy
 
 from .. import backend, collectives, staging
-from .description import digest
-from .stall import Watch
+from ..agreement.description import digest
+from ..agreement.stall import Watch
 
 
 HEADER = 12  # int64 words in front of the data of every message of a neighbour round
