@@ -12,7 +12,7 @@ the process that launches ``mpiexec``.
 
 import importlib
 
-__version__ = "0.4.3"
+__version__ = "0.4.4"
 
 # public name -> the module (relative to this package) that defines it
 _PUBLIC = {

@@ -4,9 +4,9 @@ Unlike a :class:`~mpisphere.tiling.Tiling`'s, these calls are not told the
 field's extents: ``scatter`` learns them from root's field, ``gather`` from
 the tiles (which must fit together as the ``split_sizes`` tiles of one
 field). Both then move the field as the tiling of those extents does
-(:func:`~mpisphere.tiling.scatter_parts`, :func:`~mpisphere.tiling.gather_parts`),
-with the same preludes (:func:`~mpisphere.tiling.check_root`,
-:func:`~mpisphere.tiling.check_whole`, :func:`~mpisphere.tiling.check_part`).
+(``scatter_parts``, ``gather_parts``),
+with the same preludes (``check_root``,
+``check_whole``, ``check_part``).
 """
 
 import warnings

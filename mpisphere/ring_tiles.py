@@ -81,7 +81,7 @@ class RingTiles(Tiling):
         field[..., self.point_indices(rank)] = part
 
     def points(self, quadrature=None):
-        """This rank's :class:`~mpisphere.tiling.Points`, each ``(npoints,)``: the rings' own colatitudes and
+        """This rank's ``Points``, each ``(npoints,)``: the rings' own colatitudes and
         Gauss weights (``quadrature`` is not used: a ring grid has its rule)."""
         ring = numpy.repeat(self.local_rings, self.counts)
         return Points(self.rings.theta[ring], self.longitudes, self.rings.weights[ring],

@@ -113,7 +113,7 @@ class Tiling:
     # --- what serves the points of this kind (asked, so that no caller tests a tiling's kind) ---------------
 
     def points(self, quadrature="equiangular"):
-        """This rank's :class:`Points`; ``quadrature``: a regular grid's latitude rule (a ring grid has its own)."""
+        """This rank's ``Points``; ``quadrature``: a regular grid's latitude rule (a ring grid has its own)."""
         raise NotImplementedError
 
     def parameters(self, quadrature="equiangular"):

@@ -2,30 +2,30 @@
 
 A halo call moves the blocks its pattern names (:mod:`.pattern`); a *link*
 carries one block from a rank to a neighbour. Each link says, for one
-block, both how a full call (:mod:`.call`, with its neighbour round) moves
+block, both how a full call (:mod:`mpisphere.halo.call`, with its neighbour round) moves
 it and which steps a planned call (:mod:`.planned`) keeps to replay it:
 
-=================  ==========================================  ===========================================
-                   the full call (with a ``NeighbourRound``)   the planned call (steps kept, replayed)
-=================  ==========================================  ===========================================
-sending a block    :meth:`Link.send`                           :meth:`Link.send_steps`
-receiving a block  :meth:`Link.receive`                        :meth:`Link.receive_steps`
-=================  ==========================================  ===========================================
+=================  =========================================  ==========================================
+a link says        the full call (with a ``NeighbourRound``)  the planned call (steps kept, replayed)
+=================  =========================================  ==========================================
+sending a block    ``Link.send``                              ``Link.send_steps``
+receiving a block  ``Link.receive``                           ``Link.receive_steps``
+=================  =========================================  ==========================================
 
-The sender picks the first link in :class:`Links`' order that carries the
-block (:meth:`Link.carries`); the header it sends says which link it took
+The sender picks the first link in ``Links``' order that carries the
+block (``Link.carries``); the header it sends says which link it took
 (its data behind it, or the data's place in shared memory), and the
 receiver takes the block from the link the header names. The two links:
 
-* :class:`~mpisphere.halo.message_link.MessageLink`: the block packed into
+* ``MessageLink``: the block packed into
   a message buffer behind its header (persistent sends for host buffers);
   every array, every neighbour, on or off the node;
-* :class:`~mpisphere.halo.shared_link.SharedLink`: the block left in the
+* ``SharedLink``: the block left in the
   sender's window on the node (a tile from ``HaloExchange.zeros``), read
   there by the receiver, acknowledged.
 
 A new transport (a GPU IPC handle, a persistent CUDA-aware request) is one
-module with a :class:`Link` subclass, placed in :class:`Links`' order.
+module with a ``Link`` subclass, placed in ``Links``' order.
 """
 
 __all__ = ["Link", "Links"]

@@ -2,7 +2,7 @@
 
 Every block can go this way (plain arrays, device arrays, neighbours on
 other nodes, ``config.shared_memory = False``): it is packed into the
-buffer the padded shape's :class:`~mpisphere.halo.plan.MessagePlan` holds
+buffer the padded shape's ``MessagePlan`` holds
 and sent by a persistent send (host buffers) behind the round's header;
 the receiver copies it into its halo, or adds it onto its own cells. NumPy
 packing beats MPI subarray datatypes on these thin blocks (measured with

@@ -1,6 +1,6 @@
 """A halo call's agreement with the grid neighbours: headers that travel in front of the data (``NeighbourRound``).
 
-Only the halo agrees this way (:mod:`.call`, :mod:`.planned`, :mod:`.absent`):
+Only the halo agrees this way (:mod:`mpisphere.halo.call`, :mod:`.planned`, :mod:`.absent`):
 the round lives with it, built on the agreement's digest and stall watch.
 """
 

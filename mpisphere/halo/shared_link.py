@@ -1,7 +1,7 @@
 """The halo's shared-memory link: a block left in the sender's window on the node and read there by the receiver.
 
 A rank whose padded tile comes from ``HaloExchange.zeros`` or ``empty``
-(a window of :class:`~mpisphere.halo.shared.NodeMemory`) sends a neighbour
+(a window of ``NodeMemory``) sends a neighbour
 on the same node the header alone, saying where the block lies: the
 receiver copies it into its halo, or adds it onto its own cells (rows
 straight from the sender's tile, the thin column blocks from where the

@@ -1,7 +1,7 @@
 """The one all-to-all of a store's write or read: between the ranks' parts and the owners of the chunks.
 
-A :class:`~mpisphere.io.chunks.ChunkPlan` says which piece of whose part
-goes into which chunk; :class:`OwnerExchange` holds the buffers of the
+A ``ChunkPlan`` says which piece of whose part
+goes into which chunk; ``OwnerExchange`` holds the buffers of the
 all-to-all that moves them, allocated up front (inside the call's local
 step, so that a rank that cannot allocate raises with the others before
 any rank moves data).

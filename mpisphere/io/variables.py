@@ -1,10 +1,10 @@
 """One variable of a store as Zarr holds it: what a write asks for, its checks, its array and coordinates.
 
-A :class:`WriteRequest` is what a ``FieldStore`` write is about (the
+A ``WriteRequest`` is what a ``FieldStore`` write is about (the
 variable's name and kind, the metadata a reader must match, which part
 each rank holds, the leading axes' names, coordinates and attributes);
-:func:`check_write` is this rank's check of its part against it, and
-:func:`prepare` (rank 0) creates or extends the Zarr array, its CF
+``check_write`` is this rank's check of its part against it, and
+``prepare`` (rank 0) creates or extends the Zarr array, its CF
 coordinates (``lat``/``lon``, ``point``, ``l``/``m``) and its metadata.
 No MPI: the store's collective calls (:mod:`.store`) run these inside
 their agreed steps.
@@ -38,7 +38,7 @@ class WriteRequest:
     ``rings`` (points: their geometry, for the coordinates), and the
     caller's ``dims``, ``coords``, ``attrs``, ``append``. The write fills in
     ``lead``, ``dtype`` and ``shaped`` (the checked coordinates) once this
-    rank's part passed :func:`check_write`.
+    rank's part passed ``check_write``.
     """
 
     name: str

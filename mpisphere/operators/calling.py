@@ -1,11 +1,11 @@
 """The steps of every operator call: check, allocate, agree, run (``LinearOperator._apply`` calls them).
 
-:func:`checked_call` runs one call of an operator: its input checked
+``checked_call`` runs one call of an operator: its input checked
 against what it takes (``_output``, ``_check_values``), its result and
 scratch allocated, then one agreement over its communicator (every rank's
 finding raised on every rank), then the work, all under the grid's guard.
 An in-place call planned by an earlier one (the halo's) is replayed without
-checks. :func:`agreement_comm` and :func:`agreement_parts` say what a
+checks. ``agreement_comm`` and ``agreement_parts`` say what a
 combination of operators agrees on and over which communicator.
 """
 
