@@ -240,7 +240,7 @@ class ShallowWaterSolver(Described):
         self._grid_axes = len(self.sht.tile_shape)  # 2 (rows, columns) or 1 (a reduced grid's points)
         points = tiling.points(quadrature)
         self.nlat = points.nrings
-        self.nlon = tiling.whole[1] if self._grid_axes == 2 else None  # a reduced grid's rings have their own
+        self.nlon = tiling.parameters(quadrature).get("nlon")  # None on a reduced grid: each ring has its own
         self.lats = (0.5 * math.pi - points.colatitudes).reshape(-1)
         self.lons = numpy.asarray(points.longitudes).reshape(-1)
         self.quad_weights = points.weights
