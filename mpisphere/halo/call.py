@@ -36,7 +36,6 @@ from ..settings import config
 from .pattern import FROM, RECORD, TO_EAST, TO_WEST
 from .plan import MessagePlan
 from .round import NeighbourRound
-from .shared_link import SharedLink
 from .planned import PlannedCall
 
 __all__ = ["HaloCall"]
@@ -193,7 +192,8 @@ class HaloCall:
             round_.collect([(rank, tag + RECORD) for tag, rank in self.pattern.receives.items()], records=True)
             if round_.poisoned:
                 finish()
-        sender = SharedLink.sender(self.grid.node_memory, P, config.shared_memory)
+        memory = self.grid.node_memory
+        sender = memory.sender(P) if memory is not None and config.shared_memory else None
         self.steps(P, tile, gather, round_, finish, plan, sender, context)
         if not gather and not in_place:
             out[...] = P[..., r:r + h, c:c + w]

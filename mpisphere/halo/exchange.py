@@ -188,10 +188,10 @@ class HaloExchange(LinearOperator):
             self.boundary = ZeroPoles(grid, self.rows)
         self._workspace = backend.Workspace()
         self._checked = backend.BoundedCache(8)  # (direction, in place, input spec) -> (output spec, description)
+        # the links in the order a sender tries them: the message link, last, carries every block
+        links = Links([SharedLink(self.pattern, self.rows, self.cols, self._workspace), MessageLink(self._workspace)])
         self._call = HaloCall(grid, self.pattern, self.boundary, self.rows, self.cols, self.extents, self._workspace,
-                              Links([SharedLink(self.pattern, self.rows, self.cols, self._workspace), MessageLink()]),
-                              self._describe,
-                              self.name)
+                              links, self._describe, self.name)
 
     @property
     def name(self):

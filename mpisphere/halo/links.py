@@ -88,7 +88,3 @@ class Links:
     def receiving(self, where):
         """The link a received header names (``where``: the data's place in shared memory, or ``None``)."""
         return next(link for link in self.order if link.delivers(where))
-
-    def of_kind(self, kind):
-        """The link of class ``kind`` (for the steps only one transport has, such as a shared tile's sender)."""
-        return next(link for link in self.order if isinstance(link, kind))

@@ -20,7 +20,16 @@ __all__ = ["MessageLink"]
 
 
 class MessageLink(Link):
-    """Blocks as messages: the link that carries every block the others do not."""
+    """Blocks as messages: the link that carries every block the others do not.
+
+    Parameters
+    ----------
+    workspace : Workspace
+        The halo's scratch (the sums of the adjoint).
+    """
+
+    def __init__(self, workspace):
+        self.workspace = workspace
 
     def carries(self, call, dest, data, sender, poisoned):
         return True
@@ -38,7 +47,7 @@ class MessageLink(Link):
         if gather:
             plan.unpack(key[1], region)
         else:
-            add_runs(P, plan.incoming[key[1]][1], region, call.workspace)
+            add_runs(P, plan.incoming[key[1]][1], region, self.workspace)
 
     def send_steps(self, planned, P, move, dest, code):
         message, data = planned.plan.outgoing[move.tag]
@@ -57,4 +66,4 @@ class MessageLink(Link):
         planned.expect_header(key, landing, memoryview(landing)[:HEADER_BYTES], words.tobytes(), None)
         if data is None:
             return []
-        return [unpacker(P, move.recv, data)] if gather else list(adder(P, data, move.recv, planned.workspace))
+        return [unpacker(P, move.recv, data)] if gather else list(adder(P, data, move.recv, self.workspace))

@@ -98,7 +98,6 @@ class PlannedCall:
         self.published = []      # (dest, tag) of the blocks left in shared memory
         self.complete = True     # False: a block could not be planned; the call is left to the full round
         self.before = pattern.wrap_steps(P, h, w) if gather else ()
-        self.workspace = call.workspace
         sender = (record, 0) if leaves else None  # blocks are left in the window only when the call that planned did
         for index, moves in enumerate(pattern.phases(h, w, gather)):
             sends, keys, after = [], [], []

@@ -139,6 +139,12 @@ class NodeMemory:
             found = record.theirs[key] = segment[offset:offset + nbytes].view(dtype).reshape(shape)
         return found
 
+    def sender(self, P):
+        """``(allocation, call number)`` when ``P`` is one of this node's shared tiles (its next call that leaves
+        data there numbered), else ``None``."""
+        record = self.find(P)
+        return None if record is None else (record, self.publish(record))
+
     def publish(self, record):
         """Number this rank's next call that leaves data in ``record``'s window."""
         self.sequence += 1

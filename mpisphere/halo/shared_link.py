@@ -39,16 +39,6 @@ class SharedLink(Link):
     def __init__(self, pattern, rows, cols, workspace):
         self.pattern, self.rows, self.cols, self.workspace = pattern, rows, cols, workspace
 
-    @staticmethod
-    def sender(memory, P, enabled):
-        """``(allocation, call number)`` when ``P`` lies in shared memory and may be read there, else None."""
-        if memory is None or not enabled:
-            return None
-        record = memory.find(P)
-        if record is None:
-            return None
-        return record, memory.publish(record)
-
     def carries(self, call, dest, data, sender, poisoned):
         return sender is not None and data is not None and not poisoned and call.grid.node_memory.on_node(dest)
 
