@@ -25,7 +25,7 @@ from .agreement.failures import Failures, raise_finding
 from .agreement.stall import ExitNotice
 from .launch import world_mismatch
 from .partition import split_sizes
-from .grid_fields import gather_tiles, scatter_field
+from .grid_fields import check_alive, gather_tiles, scatter_field
 from .tiling import RegularTiling
 from .validation import check_choice, check_int
 
@@ -496,8 +496,7 @@ class ProcessGrid:
     # --- housekeeping ---------------------------------------------------------------
 
     def _check_alive(self):
-        if self._freed:
-            raise RuntimeError("ProcessGrid: used after free(); its communicators no longer exist")
+        check_alive(self)
 
     @property
     def freed(self):

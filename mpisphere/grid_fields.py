@@ -18,17 +18,18 @@ from .agreement import Call, InputError
 from .partition import split_sizes
 from .tiling import RegularTiling, check_part, check_root, check_whole, gather_parts, scatter_parts
 
-__all__ = ["scatter_field", "gather_tiles", "fit_tiles"]
+__all__ = ["scatter_field", "gather_tiles", "fit_tiles", "check_alive"]
 
 
-def _alive(grid):
+def check_alive(grid):
+    """A RuntimeError when ``grid`` was freed (the one message of a grid used after ``free()``)."""
     if grid.freed:
         raise RuntimeError("ProcessGrid: used after free(); its communicators no longer exist")
 
 
 def scatter_field(grid, field, root):
     """``ProcessGrid.scatter``: this rank's tile of the whole ``field`` ``(..., nlat, nlon)`` on ``root``."""
-    _alive(grid)
+    check_alive(grid)
     call = Call(grid.cart, "ProcessGrid.scatter")
     with call.local():
         root = check_root(grid, root, "scatter")
@@ -50,7 +51,7 @@ def gather_tiles(grid, tile, root, warn_balanced):
     ``warn_balanced``: warn when ``tile`` has the shape and dtype of a
     balanced transform's coefficient block (whose columns are not in order).
     """
-    _alive(grid)
+    check_alive(grid)
     who = "ProcessGrid.gather"
     call = Call(grid.cart, who)
     with call.local():

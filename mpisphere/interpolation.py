@@ -354,7 +354,4 @@ class _STENCILS:
     """The stencils a tiling picks from (``Tiling.stencil``): one per kind of points, named by what they walk."""
 
     rectangles = _TileStencil
-
-    @staticmethod
-    def rings(who, tiles, lats, lons):
-        return _RingStencil(who, tiles, lats, lons)
+    rings = _RingStencil

@@ -205,9 +205,8 @@ class ShallowWaterSolver(Described):
                  radius=6.37122e6, omega=7.292e-5, gravity=9.80616, havg=10.0e3, hamp=120.0,
                  orders="contiguous", orography=None, scheme="explicit", reference_depth=None,
                  robert_asselin=0.05):
-        given_grid = grid
         tiling, dt, lmax, mmax, problem = _grid_arguments(grid, args, nlat, nlon, dt, lmax, mmax)
-        grid = given_grid if tiling is None else tiling.grid
+        grid = grid if tiling is None else tiling.grid
         # what the ranks compare: every argument by name, whichever form the call used, the points by value
         built = {k: v for k, v in self._called_with().items() if k not in ("grid", "args", "nlat", "nlon")}
         self._arguments_are(grid=grid, **{**built, "points": None if tiling is None else tiling.description(),
