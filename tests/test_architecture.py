@@ -235,14 +235,20 @@ def test_each_legendre_strategy_lives_in_its_own_record():
                        r"""table-free)["']\s*[!=]=""")
     homes = {"sht.strategies", "sht.strategies.base", "sht.strategies.transpose", "sht.strategies.reduce_scatter",
              "sht.strategies.table_free"}
+    wrong = lines_outside(names, homes)
+    assert not wrong, "a Legendre strategy named outside its record:\n" + "\n".join(wrong)
+
+
+def lines_outside(pattern, homes):
+    """``path:line: text`` of every line of the package outside the modules ``homes`` that ``pattern`` finds."""
     wrong = []
     for path in sorted(PACKAGE.rglob("*.py")):
         if module_name(path) in homes:
             continue
         for number, line in enumerate(path.read_text().splitlines(), 1):
-            if names.search(line):
+            if pattern.search(line):
                 wrong.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
-    assert not wrong, "a Legendre strategy named outside its record:\n" + "\n".join(wrong)
+    return wrong
 
 
 # --- one protocol for the collective calls outside the operators -------------------------------------------
@@ -340,13 +346,7 @@ TILING_HOMES = {"tiling", "ring_tiles"}
 def test_no_module_tests_a_tilings_kind():
     """The model, the interpolation and the store ask a tiling (``points``, ``transforms``, ``stencil``,
     ``write_to``) instead of testing which kind it is: a new kind of grid is a new tiling, not a case in each."""
-    wrong = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        if module_name(path) in TILING_HOMES:
-            continue
-        for number, line in enumerate(path.read_text().splitlines(), 1):
-            if TILING_KINDS.search(line):
-                wrong.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    wrong = lines_outside(TILING_KINDS, TILING_HOMES)
     assert not wrong, "tests of a tiling's kind outside the tiling modules:\n" + "\n".join(wrong)
 
 

@@ -169,21 +169,16 @@ def test_a_layer_that_cannot_run_on_a_tile_is_refused_by_its_path_on_every_rank(
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())   # the model is left unchanged
 
 
-def test_a_model_that_differs_on_the_last_rank_raises_on_every_rank(grid):
+@pytest.mark.parametrize("setting, last, others, said", [("num_layers", 3, 2, "different models"),
+                                                        ("drop_rate", 0.3, 0.2, "different models.*pos_drop")],
+                         ids=["layers", "dropout-rate"])
+def test_a_model_that_differs_on_the_last_rank_raises_on_every_rank(grid, setting, last, others, said):
+    """Another number of layers, or only another dropout rate (a plain setting compared by value)."""
     if grid.size == 1:
         return
     torch.manual_seed(0)
-    model = _sfno(num_layers=3 if grid.rank == grid.size - 1 else 2)
-    with raises(ValueError, match="different models"):
-        thd.distribute(model, process_grid=grid)
-
-
-def test_a_dropout_rate_that_differs_on_the_last_rank_raises_on_every_rank(grid):
-    if grid.size == 1:
-        return
-    torch.manual_seed(0)
-    model = _sfno(drop_rate=0.3 if grid.rank == grid.size - 1 else 0.2)
-    with raises(ValueError, match="different models.*pos_drop"):
+    model = _sfno(**{setting: last if grid.rank == grid.size - 1 else others})
+    with raises(ValueError, match=said):
         thd.distribute(model, process_grid=grid)
 
 
