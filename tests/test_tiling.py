@@ -94,3 +94,44 @@ def test_extents_that_do_not_split_over_the_grid_are_refused(grid):
     with raises(ValueError, match=rf"ProcessGrid.tiling: {grid.nazimuth} azimuth ranks cannot split "
                                   rf"{grid.nazimuth - 1} longitudes"):
         grid.tiling(8, grid.nazimuth - 1)
+
+
+def _whole_points(tiling, quadrature):
+    """Every rank's ``points`` broadcast to its part and gathered into whole fields (root 0)."""
+    points = tiling.points(quadrature)
+    shape = tuple(tiling.local_shape())
+    fields = [numpy.broadcast_to(numpy.asarray(a, dtype=numpy.float64), shape)
+              for a in (points.colatitudes, points.longitudes, points.weights, points.spacing, points.rings)]
+    return points, tiling.gather(numpy.ascontiguousarray(numpy.stack(fields)))
+
+
+@pytest.mark.parametrize("quadrature", ["equiangular", "legendre-gauss"])
+def test_a_regular_tilings_points_are_the_grids_own(grid, quadrature):
+    """Each rank's points, put together, are the latitude rule's colatitudes and weights and the regular longitudes
+    (an independent meshgrid of the whole grid), whatever the split."""
+    from mpisphere.quadrature import latitudes
+    nlat, nlon = 7, 11
+    points, whole = _whole_points(grid.tiling(nlat, nlon), quadrature)
+    assert points.nrings == nlat
+    if grid.rank == 0:
+        theta, weights = latitudes(nlat, quadrature)
+        lon = 2 * numpy.pi * numpy.arange(nlon) / nlon
+        rows = numpy.broadcast_to(numpy.arange(nlat)[:, None], (nlat, nlon))
+        expected = numpy.stack([numpy.broadcast_to(theta[:, None], (nlat, nlon)),
+                                numpy.broadcast_to(lon, (nlat, nlon)),
+                                numpy.broadcast_to(weights[:, None], (nlat, nlon)),
+                                numpy.full((nlat, nlon), 2 * numpy.pi / nlon), rows])
+        assert numpy.array_equal(whole, expected)
+
+
+def test_a_ring_tilings_points_are_the_rings_own(grid):
+    """Each rank's points, put together, are the rings' colatitudes, longitudes, weights and spacing, ring after
+    ring (``RingGeometry``'s own arrays)."""
+    rings = RingGeometry.octahedral(6)
+    points, whole = _whole_points(RingTiles(grid, rings), None)
+    assert points.nrings == rings.nrings
+    if grid.rank == 0:
+        ring = numpy.repeat(numpy.arange(rings.nrings), rings.nlon)
+        expected = numpy.stack([rings.theta[ring], rings.longitudes, rings.weights[ring],
+                                2 * numpy.pi / rings.nlon[ring], ring])
+        assert numpy.array_equal(whole, expected)
